@@ -1,0 +1,38 @@
+# Two entry points: `make local` (the main job) and `make test`.
+# Both build the virtualenv first; `make setup` alone only builds it.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.uerl-installed
+
+.PHONY: setup local test lint bench render clean
+
+setup: $(STAMP)
+
+# torch first: 2.13.0 is the CPU build on this disk; any other version
+# pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[infra,train,dev]'
+	touch $(STAMP)
+
+local: $(STAMP)
+	$(BIN)/uerl local $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/uerl bench $(ARGS)
+
+render: $(STAMP)
+	$(BIN)/uerl render --stack dev $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

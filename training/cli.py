@@ -1,0 +1,46 @@
+"""The `uerl` console script.
+
+Each subcommand lives in its own module and is imported only when chosen, so
+`uerl render` never loads Ray or torch and `uerl train` never loads Pulumi.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module exposing main(argv) -> int, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "render": ("infra.render", "print the Kubernetes objects a stack would create (offline)"),
+    "local": ("training.commands.local", "run the whole topology on this machine and train"),
+    "train": ("training.commands.train", "train PPO against a deployed topology's endpoints"),
+    "discover": ("training.commands.discover", "print a game's agents and spaces"),
+    "mock-ue": ("training.commands.mock_ue", "serve Schola's GymService for gymnasium envs"),
+    "bench": ("training.commands.bench", "benchmark gRPC stepping against in-process stepping"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: uerl <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run `uerl <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"uerl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

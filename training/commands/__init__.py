@@ -1,0 +1,1 @@
+"""One module per `uerl` subcommand, each exposing `main(argv) -> int`."""
