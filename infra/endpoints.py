@@ -1,0 +1,127 @@
+"""The endpoints contract: what the infrastructure tells the trainer.
+
+Produced by the Pulumi program (stack output `endpoints` and a ConfigMap on the
+Ray head) and by `uerl local`; consumed by `uerl train`. Imports only pydantic
+so the training side can read it without Pulumi.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+SCHEMA_VERSION = 1
+
+Pattern = Literal["sidecar", "networked"]
+PortOffsetMode = Literal["fixed", "per_worker"]
+
+# Where the Pulumi program mounts the endpoints ConfigMap in the head pod, so a
+# job running on the head finds it with no flags.
+HEAD_MOUNT_DIR = "/etc/uerl"
+ENDPOINTS_FILENAME = "endpoints.json"
+HEAD_ENDPOINTS_PATH = f"{HEAD_MOUNT_DIR}/{ENDPOINTS_FILENAME}"
+
+
+class EndpointsError(ValueError):
+    """The endpoints object could not be read; the message says where and why."""
+
+
+def worker_endpoint(
+    url_template: str, port: int, port_offset_mode: PortOffsetMode, worker_index: int
+) -> str:
+    """`host:port` of the game that env runner `worker_index` (1..N) talks to."""
+    try:
+        host = url_template.format(worker_index=worker_index)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise EndpointsError(
+            f"worker_url_template {url_template!r} cannot be expanded: only "
+            f"{{worker_index}} may appear in it ({exc})"
+        ) from exc
+    offset = worker_index if port_offset_mode == "per_worker" else 0
+    return f"{host}:{port + offset}"
+
+
+class RayAddresses(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dashboard_url: str = Field(description="Ray dashboard / job submission URL")
+    client_address: str = Field(description="Ray client address, ray://host:10001")
+    gcs_address: str = Field(description="GCS address host:port, for `ray.init(address=...)`")
+
+
+class Resources(BaseModel):
+    """Per-node resources the trainer must ask Ray for (preflight checks them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus_per_learner: float = Field(ge=0)
+    gpus_per_learner: float = Field(ge=0)
+    cpus_per_env_runner: float = Field(ge=0)
+
+
+class Endpoints(BaseModel):
+    """Version 1 of the contract between infra and training."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    namespace: str
+    cluster_name: str
+    pattern: Pattern
+    ray: RayAddresses
+    discovery_endpoint: str = Field(description="host:port of the game used for discovery")
+    worker_url_template: str = Field(description="host of env runner i's game; {worker_index}")
+    port: int = Field(ge=1, le=65535)
+    port_offset_mode: PortOffsetMode
+    num_env_runners: int = Field(ge=1, description="Y: env runners, one UE instance each")
+    num_learners: int = Field(ge=0, description="X: learner nodes")
+    custom_resource: str = Field(description="Ray resource each env-runner node advertises")
+    resources: Resources
+    simulator_startup_timeout_s: float = Field(gt=0)
+
+    def worker_endpoint(self, worker_index: int) -> str:
+        if not 1 <= worker_index <= self.num_env_runners:
+            raise EndpointsError(
+                f"worker_index {worker_index} is outside 1..{self.num_env_runners} "
+                "(num_env_runners)"
+            )
+        return worker_endpoint(
+            self.worker_url_template, self.port, self.port_offset_mode, worker_index
+        )
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_obj(cls, data: Any, *, source: str = "endpoints") -> Endpoints:
+        """Accept the object itself or a whole `pulumi stack output --json`."""
+        if isinstance(data, dict) and "endpoints" in data and "schema_version" not in data:
+            data = data["endpoints"]
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise EndpointsError(f"{source} is not a valid endpoints object: {problems}") from None
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "endpoints") -> Endpoints:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EndpointsError(f"{source} is not JSON: {exc}") from None
+        return cls.from_obj(data, source=source)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Endpoints:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise EndpointsError(f"cannot read endpoints file {path}: {exc.strerror}") from None
+        return cls.from_json(text, source=str(path))

@@ -1,0 +1,350 @@
+"""The typed topology spec: the one source of truth for a uerl deployment.
+
+It decides what Kubernetes runs (the Pulumi program) and what RLlib is told
+(through the endpoints contract). Read from Pulumi config key `uerl:topology`;
+every field has its default here, so a stack file holds only overrides.
+Imports only pydantic.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from infra.endpoints import Endpoints, RayAddresses, Resources
+
+# The Ray version the training package is pinned to (pyproject: ray[rllib]==...).
+# The default Ray image follows it so head, workers and driver agree.
+RAY_VERSION = "2.60.0"
+PYTHON_TAG = "py311"
+KUBERAY_CHART_VERSION = "1.7.0"
+KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
+
+# KubeRay's head Service ports (fixed by the operator).
+GCS_PORT = 6379
+CLIENT_PORT = 10001
+DASHBOARD_PORT = 8265
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Kubernetes resource.Quantity, e.g. 500m, 2, 1.5, 4Gi, 1e3.
+QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Pattern = Literal["sidecar", "networked"]
+
+
+class TopologyError(ValueError):
+    """Invalid topology; the message names every config path at fault."""
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _dns_label(value: str, *, max_len: int = 63) -> str:
+    if len(value) > max_len or not DNS1123_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
+            f"starting and ending alphanumeric, at most {max_len} characters)"
+        )
+    return value
+
+
+def _quantity(value: str) -> str:
+    if not QUANTITY.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 512Mi, 4Gi, 500m, 2)")
+    return value
+
+
+Quantity = Annotated[str, AfterValidator(_quantity)]
+
+
+class Toleration(_Spec):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0)
+
+    def to_k8s(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"operator": self.operator}
+        for key, value in (
+            ("key", self.key),
+            ("value", self.value),
+            ("effect", self.effect),
+            ("tolerationSeconds", self.toleration_seconds),
+        ):
+            if value is not None:
+                out[key] = value
+        return out
+
+
+class HeadSpec(_Spec):
+    """The Ray head pod. It schedules no work (num-cpus 0): these are its container's size."""
+
+    cpus: float = Field(default=1, gt=0)
+    memory: Quantity = "4Gi"
+
+
+
+class RaySpec(_Spec):
+    version: str = Field(default=RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
+    # None: derived from `version` (see `image_ref`).
+    image: str | None = None
+    head: HeadSpec = HeadSpec()
+
+    @property
+    def image_ref(self) -> str:
+        # uerl's Ray image: rayproject/ray at this version plus uerl and its
+        # training dependencies (docker/ray.Dockerfile); env runners import uerl.
+        return self.image or f"uerl/ray:{self.version}-{PYTHON_TAG}-cpu"
+
+
+class _NodeGroupSpec(_Spec):
+    cpus: float = Field(default=1, gt=0)
+    memory: Quantity = "2Gi"
+    node_selector: dict[str, str] = {}
+    tolerations: list[Toleration] = []
+
+
+
+class LearnerSpec(_NodeGroupSpec):
+    """X learner nodes. replicas 0 trains on the driver."""
+
+    replicas: int = Field(default=1, ge=0, le=256)
+    cpus: float = Field(default=2, gt=0)
+    memory: Quantity = "4Gi"
+    gpus: int = Field(default=0, ge=0, le=16)
+
+
+class WorkerSpec(_NodeGroupSpec):
+    """Y env-runner nodes, one UE instance each, each advertising `custom_resource`."""
+
+    replicas: int = Field(default=2, ge=1, le=1000)
+    custom_resource: str = "ue_worker"
+
+    @field_validator("custom_resource")
+    @classmethod
+    def _resource_name(cls, value: str) -> str:
+        if not RESOURCE_NAME.match(value) or value in ("CPU", "GPU", "memory"):
+            raise ValueError(
+                f"{value!r} is not a usable Ray custom resource name "
+                "(letters, digits and '_', not starting with a digit, not CPU/GPU/memory)"
+            )
+        return value
+
+
+SIMULATOR_DEFAULTS: dict[str, dict[str, Any]] = {
+    # A packaged Linux UE build runs from the shared volume; `{executable}` is
+    # the game's launcher inside it. Schola reads its port from -ScholaPort.
+    "unreal": {
+        "image": "ubuntu:22.04",
+        "command": ["{executable}"],
+        "args": ["-ScholaPort={port}", "-nullrhi", "-unattended", "-nosplash", "-nosound"],
+    },
+    # The mock game (uerl mock-ue), for tests and dev clusters.
+    "mock": {
+        "image": "uerl/mock-ue:0.1.0",
+        "command": ["uerl", "mock-ue"],
+        "args": ["--host", "0.0.0.0", "--port", "{port}"],
+    },
+}
+PLACEHOLDERS = frozenset({"port", "executable"})
+
+
+class SimulatorSpec(_Spec):
+    """The game: one instance per env runner (plus an optional discovery instance)."""
+
+    kind: Literal["unreal", "mock"] = "unreal"
+    image: str | None = None
+    # Path of the game launcher relative to `executables.mount_path`.
+    executable: str = "Game.sh"
+    command: list[str] | None = None
+    args: list[str] | None = None
+    port: int = Field(default=50051, ge=1, le=65535)
+    cpus: float = Field(default=2, gt=0)
+    memory: Quantity = "4Gi"
+    gpus: int = Field(default=0, ge=0, le=16)
+    env: dict[str, str] = {}
+    startup_timeout_s: float = Field(default=120, gt=0, le=3600)
+    # `dedicated`: a separate instance `ue-disc` answers discovery (networked);
+    # `worker1`: discovery reuses instance 1 (a game serves one client at a time,
+    # and discovery closes its session before training starts).
+    discovery: Literal["dedicated", "worker1"] = "dedicated"
+
+
+    @field_validator("command", "args")
+    @classmethod
+    def _placeholders(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
+            try:
+                names = {f[1] for f in string.Formatter().parse(item) if f[1] is not None}
+            except ValueError as exc:
+                raise ValueError(f"{item!r} is not a valid template: {exc}") from None
+            unknown = names - PLACEHOLDERS
+            if unknown:
+                raise ValueError(
+                    f"{item!r} uses unknown placeholder(s) {sorted(unknown)}; "
+                    f"allowed: {sorted(PLACEHOLDERS)} (write '{{{{' for a literal brace)"
+                )
+        return value
+
+    @property
+    def image_ref(self) -> str:
+        return self.image or SIMULATOR_DEFAULTS[self.kind]["image"]
+
+    def render_command(self, mount_path: str) -> tuple[list[str], list[str]]:
+        """(command, args) with `{port}` and `{executable}` substituted."""
+        values = {"port": self.port, "executable": f"{mount_path.rstrip('/')}/{self.executable}"}
+        defaults = SIMULATOR_DEFAULTS[self.kind]
+        command = self.command if self.command is not None else defaults["command"]
+        args = self.args if self.args is not None else defaults["args"]
+        return (
+            [part.format(**values) for part in command],
+            [part.format(**values) for part in args],
+        )
+
+
+class ExecutablesSpec(_Spec):
+    """The shared volume holding the packaged game, mounted read-only into every UE container."""
+
+    # Use this PersistentVolumeClaim instead of creating one.
+    existing_claim: str | None = None
+    size: Quantity = "20Gi"
+    storage_class: str | None = None
+    access_mode: Literal["ReadWriteMany", "ReadOnlyMany"] = "ReadWriteMany"
+    mount_path: str = Field(default="/opt/ue", pattern=r"^/\S*$")
+    # A build archive (.zip / .tar.gz) unpacked into the volume by a one-off Job.
+    source_url: str | None = Field(default=None, pattern=r"^(https?|s3|gs)://\S+$")
+    # Image of that Job (needs sh, curl, tar/unzip).
+    loader_image: str = "alpine:3.20"
+
+
+    @field_validator("existing_claim")
+    @classmethod
+    def _claim_name(cls, value: str | None) -> str | None:
+        return None if value is None else _dns_label(value, max_len=253)
+
+
+class OperatorSpec(_Spec):
+    """The KubeRay operator (Helm chart `kuberay-operator`)."""
+
+    install: bool = True
+    chart_version: str = KUBERAY_CHART_VERSION
+    repository: str = KUBERAY_REPOSITORY
+    # A local chart directory or .tgz, for air-gapped clusters (wins over repository).
+    chart_path: str | None = None
+    # None: the topology's namespace.
+    namespace: str | None = None
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, value: str | None) -> str | None:
+        return None if value is None else _dns_label(value)
+
+
+class Topology(_Spec):
+    """A whole uerl deployment."""
+
+    # Prefix of every object; the RayCluster's name. Short enough that KubeRay's
+    # derived names (`<name>-head-svc`, pods with suffixes) stay valid.
+    name: str = "uerl"
+    namespace: str = "uerl"
+    create_namespace: bool = True
+    pattern: Pattern = "sidecar"
+    ray: RaySpec = RaySpec()
+    learners: LearnerSpec = LearnerSpec()
+    workers: WorkerSpec = WorkerSpec()
+    simulator: SimulatorSpec = SimulatorSpec()
+    executables: ExecutablesSpec = ExecutablesSpec()
+    operator: OperatorSpec = OperatorSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _dns_label(value, max_len=40)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return _dns_label(value)
+
+    # -- derived names (stable: rescaling never renames anything) -------------
+
+    @property
+    def head_service_host(self) -> str:
+        return f"{self.name}-head-svc.{self.namespace}.svc.cluster.local"
+
+    @property
+    def claim_name(self) -> str:
+        return self.executables.existing_claim or f"{self.name}-ue-executables"
+
+    @property
+    def has_dedicated_discovery(self) -> bool:
+        return self.pattern == "networked" and self.simulator.discovery == "dedicated"
+
+    def ue_instance_name(self, index: int | str) -> str:
+        """`ue-1` ... `ue-Y`, and `ue-disc` for the dedicated discovery instance."""
+        return f"ue-{index}"
+
+    def endpoints(self) -> Endpoints:
+        """The endpoints object for this topology deployed on Kubernetes."""
+        port = self.simulator.port
+        svc = f"{self.namespace}.svc.cluster.local"
+        if self.pattern == "sidecar":
+            template, discovery = "localhost", f"localhost:{port}"
+        else:
+            template = f"{self.ue_instance_name('{worker_index}')}.{svc}"
+            disc = self.ue_instance_name("disc" if self.has_dedicated_discovery else 1)
+            discovery = f"{disc}.{svc}:{port}"
+        head = self.head_service_host
+        return Endpoints(
+            namespace=self.namespace,
+            cluster_name=self.name,
+            pattern=self.pattern,
+            ray=RayAddresses(
+                dashboard_url=f"http://{head}:{DASHBOARD_PORT}",
+                client_address=f"ray://{head}:{CLIENT_PORT}",
+                gcs_address=f"{head}:{GCS_PORT}",
+            ),
+            discovery_endpoint=discovery,
+            worker_url_template=template,
+            port=port,
+            port_offset_mode="fixed",
+            num_env_runners=self.workers.replicas,
+            num_learners=self.learners.replicas,
+            custom_resource=self.workers.custom_resource,
+            resources=Resources(
+                cpus_per_learner=self.learners.cpus,
+                gpus_per_learner=self.learners.gpus,
+                cpus_per_env_runner=self.workers.cpus,
+            ),
+            simulator_startup_timeout_s=self.simulator.startup_timeout_s,
+        )
+
+    # -- parsing with errors that name the config path ------------------------
+
+    @classmethod
+    def parse(cls, data: Any, *, root: str = "topology") -> Topology:
+        """Validate raw config; raise TopologyError naming each bad path."""
+        if data is None:
+            data = {}
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise TopologyError(format_validation_error(exc, root)) from None
+
+
+def format_validation_error(exc: ValidationError, root: str) -> str:
+    lines = []
+    for err in exc.errors():
+        path = ".".join([root, *(str(p) for p in err["loc"])])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (not a topology field)"
+        lines.append(f"{path}: {msg.removeprefix('Value error, ')}")
+    noun = "error" if len(lines) == 1 else "errors"
+    return f"invalid topology ({len(lines)} {noun}):\n  " + "\n  ".join(lines)
