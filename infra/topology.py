@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from infra.config_path import format_path
 from infra.endpoints import Endpoints, RayAddresses, Resources
 
 # The Ray version the training package is pinned to (pyproject: ray[rllib]==...).
@@ -175,7 +176,6 @@ class SimulatorSpec(_Spec):
     # and discovery closes its session before training starts).
     discovery: Literal["dedicated", "worker1"] = "dedicated"
 
-
     @field_validator("command", "args")
     @classmethod
     def _placeholders(cls, value: list[str] | None) -> list[str] | None:
@@ -219,9 +219,9 @@ class ExecutablesSpec(_Spec):
     mount_path: str = Field(default="/opt/ue", pattern=r"^/\S*$")
     # A build archive (.zip / .tar.gz) unpacked into the volume by a one-off Job.
     source_url: str | None = Field(default=None, pattern=r"^(https?|s3|gs)://\S+$")
-    # Image of that Job (needs sh, curl, tar/unzip).
+    # Image of that Job and of the init containers waiting for it (needs sh,
+    # wget, tar, unzip: alpine has them; s3:// needs `aws`, gs:// `gsutil`).
     loader_image: str = "alpine:3.20"
-
 
     @field_validator("existing_claim")
     @classmethod
@@ -283,6 +283,12 @@ class Topology(_Spec):
         return self.executables.existing_claim or f"{self.name}-ue-executables"
 
     @property
+    def uses_executables(self) -> bool:
+        """Only an Unreal build lives on the shared volume; the mock game is in its image
+        (and dev clusters often have no ReadWriteMany storage)."""
+        return self.simulator.kind == "unreal"
+
+    @property
     def has_dedicated_discovery(self) -> bool:
         return self.pattern == "networked" and self.simulator.discovery == "dedicated"
 
@@ -341,7 +347,7 @@ class Topology(_Spec):
 def format_validation_error(exc: ValidationError, root: str) -> str:
     lines = []
     for err in exc.errors():
-        path = ".".join([root, *(str(p) for p in err["loc"])])
+        path = format_path([root, *err["loc"]])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (not a topology field)"

@@ -4,26 +4,34 @@ from __future__ import annotations
 
 
 class UEError(RuntimeError):
-    """Base class: something went wrong between us and one UE game instance."""
+    """Something went wrong between us and one UE game instance."""
 
     def __init__(self, endpoint: str, operation: str, detail: str) -> None:
         self.endpoint = endpoint
         self.operation = operation
         self.detail = detail
-        super().__init__(f"UE game at {endpoint}: {operation}: {detail}")
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        return f"UE game at {self.endpoint}: {self.operation}: {self.detail}"
+
+    def __reduce__(self) -> tuple:
+        # Keep the structured fields when Ray ships the exception between processes.
+        return (type(self), (self.endpoint, self.operation, self.detail))
 
 
 class UEConnectionError(UEError):
-    """The game is unreachable, did not answer in time, or went away mid-call."""
+    """The game is unreachable, did not answer in time, or went away mid-call.
 
-    def __init__(self, endpoint: str, operation: str, detail: str) -> None:
-        super().__init__(endpoint, operation, detail)
-        # Override the generic wording with the one operators grep for.
-        self.args = (f"UE game at {endpoint} {detail} (during {operation})",)
+    `detail` is a verb phrase, e.g. "did not answer StartGymConnector within 5 s".
+    """
 
-    def __str__(self) -> str:
-        return str(self.args[0])
+    def _format(self) -> str:
+        return f"UE game at {self.endpoint} {self.detail}"
 
 
 class UEProtocolError(UEError):
-    """The game answered, but with something that violates the protocol or our expectations."""
+    """The game answered, but with something that breaks the protocol or our expectations."""
+
+    def _format(self) -> str:
+        return f"UE game at {self.endpoint} answered {self.operation} wrongly: {self.detail}"

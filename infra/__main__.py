@@ -1,0 +1,83 @@
+"""The uerl Pulumi program: reads `uerl:topology`, creates what infra.manifests builds.
+
+Pulumi runs this with runpy.run_path("infra/"), which puts infra/ itself (not
+the project root) first on sys.path; the project is normally installed in the
+venv, and the fallback below covers a venv where it is not.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+try:
+    import infra  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pulumi
+
+from infra import manifests
+from infra.components import (
+    KubeRayOperator,
+    UeExecutablesVolume,
+    UeInstances,
+    UerlRayCluster,
+)
+from infra.components.k8s import register
+from infra.topology import Topology, TopologyError
+
+
+def load_topology() -> Topology:
+    """The stack's topology; invalid config stops `pulumi preview` with one message."""
+    try:
+        raw = pulumi.Config("uerl").get_object("topology")
+    except pulumi.ConfigTypeError as exc:
+        raise pulumi.RunError(f"topology: not a valid structured config value: {exc}") from None
+    try:
+        return Topology.parse(raw, root="topology")
+    except TopologyError as exc:
+        # RunError: Pulumi prints the message alone, without a traceback.
+        raise pulumi.RunError(str(exc)) from None
+
+
+def main() -> None:
+    topology = load_topology()
+    objects = manifests.build(topology)
+
+    base: list[pulumi.Resource] = []
+    if objects.namespace is not None:
+        base.append(register(objects.namespace, pulumi.ResourceOptions()))
+
+    operator_deps: list[pulumi.Resource] = []
+    if objects.operator is not None:
+        in_our_ns = objects.operator.namespace == topology.namespace
+        operator = KubeRayOperator(
+            "kuberay",
+            objects.operator,
+            depends_on=base if in_our_ns else [],
+        )
+        operator_deps.append(operator.chart)
+
+    game_deps = list(base)
+    if topology.uses_executables:
+        volume = UeExecutablesVolume(
+            "ue-executables",
+            topology.claim_name,
+            objects.pvc,
+            objects.loader_job,
+            depends_on=base,
+        )
+        game_deps += volume.ready
+
+    # Sidecar games run inside the RayCluster's worker pods.
+    cluster_deps = [*operator_deps, *(game_deps if topology.pattern == "sidecar" else base)]
+    UerlRayCluster(topology.name, objects.raycluster, objects.endpoints, depends_on=cluster_deps)
+
+    if objects.ue_instances:
+        UeInstances("ue-instances", objects.ue_instances, depends_on=game_deps)
+
+    pulumi.export("endpoints", topology.endpoints().model_dump(mode="json"))
+
+
+main()

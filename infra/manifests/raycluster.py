@@ -1,0 +1,130 @@
+"""The RayCluster (`ray.io/v1`): a head that schedules nothing, X learners, Y env-runner workers.
+
+Facts this relies on (KubeRay v1.7.0, see shared/schemas/kuberay-v1.7.0/SOURCE.md):
+every rayStartParams value is a string; the Ray container is containers[0];
+custom resources are single-quoted compact JSON so bash, the operator and
+the autoscaler all read `{"ue_worker": 1}`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from infra.endpoints import HEAD_MOUNT_DIR
+from infra.manifests import simulator, volume
+from infra.manifests.common import K8sObject, fixed_resources, labels, metadata
+from infra.manifests.endpoints import configmap_name
+from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, Topology
+
+APP_NAME = "ray"
+LEARNER_GROUP = "learners"
+WORKER_GROUP = "workers"
+ENDPOINTS_VOLUME = "uerl-endpoints"
+
+
+def custom_resources_param(topology: Topology) -> str:
+    """rayStartParams.resources for env-runner nodes, e.g. `'{"ue_worker":1}'`."""
+    compact = json.dumps({topology.workers.custom_resource: 1}, separators=(",", ":"))
+    return f"'{compact}'"
+
+
+def _pod_template(topology: Topology, component: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": labels(topology, name=APP_NAME, component=component)},
+        "spec": pod_spec,
+    }
+
+
+def _ray_container(name: str, image: str, resources: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "image": image, "resources": resources}
+
+
+def _head(topology: Topology) -> dict[str, Any]:
+    head = topology.ray.head
+    container = _ray_container(
+        "ray-head", topology.ray.image_ref, fixed_resources(head.cpus, head.memory)
+    )
+    container["ports"] = [
+        {"name": "gcs-server", "containerPort": GCS_PORT},
+        {"name": "dashboard", "containerPort": DASHBOARD_PORT},
+        {"name": "client", "containerPort": CLIENT_PORT},
+    ]
+    # The endpoints file, so a job on the head finds the games with no flags.
+    container["volumeMounts"] = [
+        {"name": ENDPOINTS_VOLUME, "mountPath": HEAD_MOUNT_DIR, "readOnly": True}
+    ]
+    pod_spec = {
+        "containers": [container],
+        "volumes": [{"name": ENDPOINTS_VOLUME, "configMap": {"name": configmap_name(topology)}}],
+    }
+    return {
+        # The head runs the driver only: no tasks or actors are scheduled on it.
+        "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": _pod_template(topology, "ray-head", pod_spec),
+    }
+
+
+def _placement(pod_spec: dict[str, Any], node_selector: dict[str, str], tolerations: list) -> None:
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = [t.to_k8s() for t in tolerations]
+
+
+def _fixed_size(replicas: int) -> dict[str, int]:
+    # No autoscaling: the topology fixes each group's size.
+    return {"replicas": replicas, "minReplicas": replicas, "maxReplicas": replicas}
+
+
+def _learners(topology: Topology) -> dict[str, Any]:
+    spec = topology.learners
+    container = _ray_container(
+        "ray-worker", topology.ray.image_ref, fixed_resources(spec.cpus, spec.memory, spec.gpus)
+    )
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    _placement(pod_spec, spec.node_selector, spec.tolerations)
+    return {
+        "groupName": LEARNER_GROUP,
+        **_fixed_size(spec.replicas),
+        # num-cpus / num-gpus come from the container limits.
+        "rayStartParams": {},
+        "template": _pod_template(topology, "ray-learner", pod_spec),
+    }
+
+
+def _workers(topology: Topology) -> dict[str, Any]:
+    spec = topology.workers
+    ray = _ray_container(
+        "ray-worker", topology.ray.image_ref, fixed_resources(spec.cpus, spec.memory)
+    )
+    pod_spec: dict[str, Any] = {"containers": [ray]}
+    if topology.pattern == "sidecar":
+        # The game shares the pod (and so localhost) with its env runner; after the Ray container.
+        pod_spec["containers"].append(simulator.container(topology))
+        init = volume.wait_for_build(topology)
+        if init:
+            pod_spec["initContainers"] = init
+        volumes = simulator.pod_volumes(topology)
+        if volumes:
+            pod_spec["volumes"] = volumes
+    _placement(pod_spec, spec.node_selector, spec.tolerations)
+    return {
+        "groupName": WORKER_GROUP,
+        **_fixed_size(spec.replicas),
+        "rayStartParams": {"resources": custom_resources_param(topology)},
+        "template": _pod_template(topology, "ray-env-runner", pod_spec),
+    }
+
+
+def raycluster(topology: Topology) -> K8sObject:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": metadata(topology, topology.name, name=APP_NAME, component="ray-cluster"),
+        "spec": {
+            "rayVersion": topology.ray.version,
+            "headGroupSpec": _head(topology),
+            "workerGroupSpecs": [_learners(topology), _workers(topology)],
+        },
+    }

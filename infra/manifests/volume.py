@@ -1,0 +1,134 @@
+"""The shared volume holding the packaged game, and the Job that fills it.
+
+The loader Job writes READY_MARKER last; UE containers wait for it in an
+init container, so no game starts on a half-unpacked build.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from infra.manifests.common import K8sObject, metadata
+from infra.topology import Topology
+
+VOLUME_NAME = "ue-executables"
+READY_MARKER = ".uerl-ready"
+COMPONENT = "executables"
+
+
+def loader_job_name(topology: Topology) -> str:
+    return f"{topology.name}-ue-loader"
+
+
+def pvc(topology: Topology) -> K8sObject | None:
+    """The claim, unless the topology names an existing one or needs no build."""
+    spec = topology.executables
+    if not topology.uses_executables or spec.existing_claim is not None:
+        return None
+    pvc_spec: dict[str, Any] = {
+        "accessModes": [spec.access_mode],
+        "resources": {"requests": {"storage": spec.size}},
+    }
+    if spec.storage_class is not None:
+        pvc_spec["storageClassName"] = spec.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(topology, topology.claim_name, name=VOLUME_NAME, component=COMPONENT),
+        "spec": pvc_spec,
+    }
+
+
+def pod_volume(topology: Topology, *, read_only: bool = True) -> dict[str, Any]:
+    return {
+        "name": VOLUME_NAME,
+        "persistentVolumeClaim": {"claimName": topology.claim_name, "readOnly": read_only},
+    }
+
+
+def mount(topology: Topology, *, read_only: bool = True) -> dict[str, Any]:
+    return {
+        "name": VOLUME_NAME,
+        "mountPath": topology.executables.mount_path,
+        "readOnly": read_only,
+    }
+
+
+def _loader_script(topology: Topology) -> str:
+    spec = topology.executables
+    url = shlex.quote(spec.source_url or "")
+    dest = shlex.quote(spec.mount_path.rstrip("/") or "/")
+    marker = f"{dest}/{READY_MARKER}"
+    # Idempotent: a re-run (Job replaced, pod retried) with the same URL is a no-op.
+    return f"""set -eu
+url={url}
+if [ -f {marker} ] && [ "$(cat {marker})" = "$url" ]; then
+  echo "build from $url already unpacked"; exit 0
+fi
+rm -f {marker}
+tmp=$(mktemp -d)
+case "$url" in
+  s3://*) aws s3 cp "$url" "$tmp/build" ;;
+  gs://*) gsutil cp "$url" "$tmp/build" ;;
+  *) wget -q -O "$tmp/build" "$url" ;;
+esac
+case "$url" in
+  *.zip) unzip -q -o "$tmp/build" -d {dest} ;;
+  *) tar -xf "$tmp/build" -C {dest} ;;
+esac
+rm -rf "$tmp"
+printf '%s' "$url" > {marker}
+echo "unpacked $url into {dest}"
+"""
+
+
+def loader_job(topology: Topology) -> K8sObject | None:
+    """One-off Job unpacking `executables.source_url` into the volume (if set)."""
+    spec = topology.executables
+    if not topology.uses_executables or spec.source_url is None:
+        return None
+    meta = metadata(topology, loader_job_name(topology), name="ue-loader", component=COMPONENT)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": 3,
+            "template": {
+                "metadata": {"labels": dict(meta["labels"])},
+                "spec": {
+                    "restartPolicy": "OnFailure",
+                    "containers": [
+                        {
+                            "name": "loader",
+                            "image": spec.loader_image,
+                            "command": ["sh", "-c", _loader_script(topology)],
+                            "volumeMounts": [mount(topology, read_only=False)],
+                        }
+                    ],
+                    "volumes": [pod_volume(topology, read_only=False)],
+                },
+            },
+        },
+    }
+
+
+def wait_for_build(topology: Topology) -> list[dict[str, Any]]:
+    """Init containers holding a UE pod until the loader has finished (none without it)."""
+    spec = topology.executables
+    if not topology.uses_executables or spec.source_url is None:
+        return []
+    marker = shlex.quote(f"{spec.mount_path.rstrip('/')}/{READY_MARKER}")
+    return [
+        {
+            "name": "wait-for-build",
+            "image": spec.loader_image,
+            "command": [
+                "sh",
+                "-c",
+                f"until [ -f {marker} ]; do echo waiting for {marker}; sleep 5; done",
+            ],
+            "volumeMounts": [mount(topology)],
+        }
+    ]

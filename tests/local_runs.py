@@ -1,0 +1,84 @@
+"""Running the real `uerl local` CLI as a subprocess, watching its whole process tree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proc_tree import TreeSampler
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class LocalRun:
+    returncode: int
+    output: str
+    run_dir: Path
+    wall_s: float
+    pids: set[int] = field(default_factory=set)
+    peak_rss_bytes: int = 0
+    args: tuple[str, ...] = ()
+
+    @property
+    def games(self) -> dict[str, dict[str, Any]]:
+        return json.loads((self.run_dir / "games.json").read_text())
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def uerl_local_argv(run_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "training.cli", "local", "--run-dir", str(run_dir), *args]
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str, *, timeout_s: float) -> str:
+    """Read `proc`'s output until a line contains `needle`; return what was read."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
+
+
+def start(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        uerl_local_argv(run_dir, *args),
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def run_local(run_dir: Path, *args: str, timeout_s: float = 300) -> LocalRun:
+    started = time.monotonic()
+    proc = start(run_dir, *args)
+    with TreeSampler(proc.pid) as sampler:
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+            raise AssertionError(f"uerl local did not finish in {timeout_s}s:\n{output}") from None
+    return LocalRun(
+        proc.returncode,
+        output,
+        run_dir,
+        time.monotonic() - started,
+        sampler.pids - {proc.pid},
+        sampler.peak_rss_bytes,
+        args,
+    )

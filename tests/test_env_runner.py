@@ -1,0 +1,116 @@
+"""UEEnvRunner: each env runner builds its env from env_config, against its own game."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from training.discovery import discover
+from training.env_runner import UEConnection, UEEnvRunner
+from training.mock_ue import TWO_TEAMS, MockUEServer
+from training.rllib_config import AgentTypeMapping, build_ppo_config
+
+MockFactory = Callable[..., MockUEServer]
+
+
+def _runner(servers: list[MockUEServer], connection: UEConnection, worker_index: int,
+            num_env_runners: int = 2) -> UEEnvRunner:
+    game = discover(servers[0].address, timeout_s=5)
+    config = build_ppo_config(game, connection, num_env_runners=num_env_runners)
+    return UEEnvRunner(config=config, worker_index=worker_index)
+
+
+@pytest.mark.parametrize(
+    ("template", "mode", "index", "expected"),
+    [
+        ("ue-{worker_index}", "fixed", 1, "ue-1:50051"),
+        ("ue-{worker_index}", "fixed", 7, "ue-7:50051"),
+        ("127.0.0.1", "per_worker", 1, "127.0.0.1:50052"),
+        ("127.0.0.1", "per_worker", 4, "127.0.0.1:50055"),
+        ("game-{worker_index}.games.svc", "per_worker", 2, "game-2.games.svc:50053"),
+    ],
+)
+def test_endpoint_expansion(template: str, mode: str, index: int, expected: str) -> None:
+    connection = UEConnection(url_template=template, port=50051, port_offset_mode=mode)
+    assert connection.endpoint_for(index) == expected
+
+
+def test_local_runner_cannot_expand_a_per_runner_template() -> None:
+    connection = UEConnection(url_template="ue-{worker_index}", port=50051)
+    with pytest.raises(ValueError, match="env runner 0 is the local runner"):
+        connection.endpoint_for(0)
+
+
+def test_connection_rejects_unknown_fields() -> None:
+    with pytest.raises(ValidationError):
+        UEConnection.model_validate({"url_template": "h", "port": 1, "prot": 2})
+
+
+def test_connection_round_trips_as_a_plain_dict() -> None:
+    connection = UEConnection(url_template="h", port=1, tls_ca_path="/ca.pem")
+    assert UEConnection.model_validate(connection.model_dump()) == connection
+    assert connection.tls() is not None and connection.tls().ca_path == "/ca.pem"
+
+
+@pytest.mark.parametrize("worker_index", [1, 2, 3])
+def test_per_worker_runner_connects_to_its_own_port(
+    mock_ue_row: Callable[..., list[MockUEServer]], worker_index: int,
+) -> None:
+    servers = mock_ue_row(3, num_envs=2)
+    connection = UEConnection(url_template="127.0.0.1", port=servers[0].port - 1,
+                              port_offset_mode="per_worker", startup_timeout_s=5)
+    runner = _runner(servers, connection, worker_index, num_env_runners=3)
+    try:
+        assert runner.env.endpoint == servers[worker_index - 1].address
+        assert runner.num_envs == 2
+        opened = [s.stats.sessions_opened for s in servers]
+        expected = [1, 0, 0]  # discovery always uses the first server
+        expected[worker_index - 1] += 1
+        assert opened == expected
+    finally:
+        runner.stop()
+
+
+def test_fixed_port_runners_share_the_templated_host(mock_ue: MockFactory) -> None:
+    server = mock_ue(num_envs=1)
+    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
+    for index in (1, 5):
+        runner = _runner([server], connection, index)
+        try:
+            assert runner.env.endpoint == server.address
+        finally:
+            runner.stop()
+
+
+def test_local_runner_builds_no_env_when_remote_runners_exist(mock_ue: MockFactory) -> None:
+    server = mock_ue()
+    connection = UEConnection(url_template="127.0.0.{worker_index}", port=server.port)
+    runner = _runner([server], connection, worker_index=0)
+    assert runner.env is None
+    assert server.stats.sessions_opened == 1  # discovery only
+
+
+def test_runner_samples_one_episode_list_entry_per_environment(mock_ue: MockFactory) -> None:
+    server = mock_ue(TWO_TEAMS, num_envs=3)
+    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
+    runner = _runner([server], connection, worker_index=1)
+    try:
+        episodes = runner.sample(num_timesteps=30, random_actions=False)
+        assert len(episodes) >= 3
+        agent_modules = {aid: ep.module_for(aid) for ep in episodes for aid in ep.agent_ids}
+        assert agent_modules == {"cart_0": "cart", "cart_1": "cart", "pendulum_0": "pendulum"}
+        assert server.stats.steps == 10  # one RPC per vector step of 3 environments
+    finally:
+        runner.stop()
+
+
+def test_policy_mapping_is_picklable_and_names_unknown_agents() -> None:
+    import pickle
+
+    mapping: Any = pickle.loads(pickle.dumps(AgentTypeMapping({"a": "t"})))
+    assert mapping("a", None) == "t"
+    with pytest.raises(KeyError, match="agent 'b' is not in the game's definition"):
+        mapping("b", None)

@@ -1,0 +1,139 @@
+"""LocalRayCluster: real raylets on 127.0.0.2, started and stopped by pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from training import procs
+from training.local_cluster import (
+    NODE_IP,
+    LocalClusterError,
+    LocalRayCluster,
+    NodeSpec,
+    node_specs,
+)
+
+LEARNERS, LEARNER_CPUS, WORKERS, WORKER_CPUS = 1, 2, 2, 1
+
+
+@pytest.fixture(scope="module")
+def cluster_nodes() -> Iterator[tuple[list[dict], set[int]]]:
+    """Start the cluster once, record what Ray sees and which pids ran, then stop it."""
+    specs = node_specs(
+        learners=LEARNERS,
+        learner_cpus=LEARNER_CPUS,
+        workers=WORKERS,
+        worker_cpus=WORKER_CPUS,
+        custom_resource="ue_worker",
+    )
+    with LocalRayCluster(specs) as cluster:
+        ray.init(address=cluster.address, _node_ip_address=NODE_IP, logging_level="warning")
+        try:
+            nodes = [n for n in ray.nodes() if n["Alive"]]
+            # A task makes the raylets start worker processes, which must be stopped too.
+            assert ray.get(ray.remote(lambda: os.getpid()).remote()) > 0
+        finally:
+            ray.shutdown()
+        pids = cluster.pids()
+    yield nodes, pids
+
+
+def _by_kind(nodes: list[dict]) -> dict[str, list[dict]]:
+    kinds: dict[str, list[dict]] = {"head": [], "learner": [], "worker": []}
+    for node in nodes:
+        res = node["Resources"]
+        if "node:__internal_head__" in res:
+            kinds["head"].append(node)
+        elif "ue_worker" in res:
+            kinds["worker"].append(node)
+        else:
+            kinds["learner"].append(node)
+    return kinds
+
+
+def test_cluster_has_one_head_with_zero_cpus(cluster_nodes: tuple[list[dict], set[int]]) -> None:
+    heads = _by_kind(cluster_nodes[0])["head"]
+    assert len(heads) == 1
+    assert heads[0]["Resources"].get("CPU", 0) == 0
+
+
+def test_cluster_has_learner_nodes_with_learner_cpus(
+    cluster_nodes: tuple[list[dict], set[int]],
+) -> None:
+    learners = _by_kind(cluster_nodes[0])["learner"]
+    assert [n["Resources"]["CPU"] for n in learners] == [LEARNER_CPUS] * LEARNERS
+
+
+def test_cluster_has_worker_nodes_with_one_custom_resource_each(
+    cluster_nodes: tuple[list[dict], set[int]],
+) -> None:
+    workers = _by_kind(cluster_nodes[0])["worker"]
+    assert [(n["Resources"]["CPU"], n["Resources"]["ue_worker"]) for n in workers] == [
+        (WORKER_CPUS, 1.0)
+    ] * WORKERS
+
+
+def test_all_nodes_run_on_the_loopback_node_ip(cluster_nodes: tuple[list[dict], set[int]]) -> None:
+    assert {n["NodeManagerAddress"] for n in cluster_nodes[0]} == {NODE_IP}
+
+
+def test_no_process_survives_the_context(cluster_nodes: tuple[list[dict], set[int]]) -> None:
+    nodes, pids = cluster_nodes
+    # raylet + agents per node at least: the test saw the real trees.
+    assert len(pids) >= 2 * len(nodes)
+    assert procs.alive(pids) == set()
+
+
+def test_failed_node_start_raises_and_stops_the_nodes_already_started() -> None:
+    # "CPU" may not be given as a custom resource: that node's `ray start` fails.
+    bad = [NodeSpec("head", "head", 0), NodeSpec("worker1", "worker", 1, 0, {"CPU": 1.0})]
+    cluster = LocalRayCluster(bad, start_timeout_s=60)
+    with pytest.raises(LocalClusterError, match="worker1"):
+        cluster.__enter__()
+    assert cluster.pids() == set()
+
+
+DRIVER = textwrap.dedent(
+    """
+    import json, sys, time
+    from training.local_cluster import LocalRayCluster, node_specs
+    specs = node_specs(learners=0, learner_cpus=1, workers=1, worker_cpus=1,
+                       custom_resource="ue_worker")
+    cluster = LocalRayCluster(specs).__enter__()
+    print(json.dumps([sorted(cluster.pids()), str(cluster.temp_dir)]), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_nodes_die_with_their_owner_when_it_is_killed() -> None:
+    owner = subprocess.Popen(
+        [sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+    )
+    temp_dir = ""
+    try:
+        assert owner.stdout is not None
+        pid_list, temp_dir = json.loads(owner.stdout.readline())
+        pids = set(pid_list)
+        assert procs.alive(pids)
+        os.kill(owner.pid, signal.SIGKILL)  # no chance to clean up
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while procs.alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert procs.alive(pids) == set()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)

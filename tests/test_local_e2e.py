@@ -1,0 +1,151 @@
+"""`uerl local`: the whole topology on this machine, trained through the `uerl train` path."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from local_runs import LocalRun, run_local, start, wait_for_line
+from proc_tree import TreeSampler, survivors
+
+ITERATIONS = 3
+
+
+@pytest.fixture(scope="module", params=["sidecar", "networked"])
+def local_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+    pattern = request.param
+    run_dir = tmp_path_factory.mktemp(f"local-{pattern}")
+    run = run_local(
+        run_dir,
+        "--pattern",
+        pattern,
+        "--workers",
+        "2",
+        "--learners",
+        "1",
+        "--iterations",
+        str(ITERATIONS),
+        "--checkpoint-every",
+        "2",
+        "--train-batch-size",
+        "500",
+        "--minibatch-size",
+        "100",
+    )
+    print(
+        f"\n[{pattern}] wall {run.wall_s:.1f}s, peak RSS of the tree "
+        f"{run.peak_rss_bytes / 2**20:.0f} MiB, {len(run.pids)} processes"
+    )
+    return run
+
+
+def test_exits_zero(local_run: LocalRun) -> None:
+    assert local_run.returncode == 0, local_run.output
+
+
+def test_prints_a_progress_line_per_iteration(local_run: LocalRun) -> None:
+    lines = [line for line in local_run.output.splitlines() if line.startswith("iter ")]
+    assert len(lines) == ITERATIONS
+    assert all("steps/s" in line and "return mean" in line for line in lines)
+
+
+def test_every_worker_game_served_its_own_env_runner(local_run: LocalRun) -> None:
+    games = local_run.games
+    for worker in ("ue-1", "ue-2"):
+        # The env runner's session stepped its game; discovery may add one stepless session.
+        assert games[worker]["sessions_opened"] >= 1, games
+        assert games[worker]["steps"] > 0, games
+
+
+def test_sessions_are_closed_when_the_run_ends(local_run: LocalRun) -> None:
+    for name, stats in local_run.games.items():
+        assert (
+            stats["sessions_closed"] + stats.get("sessions_superseded", 0)
+            == stats["sessions_opened"]
+        ), name
+
+
+def test_discovery_goes_to_the_patterns_discovery_game(local_run: LocalRun) -> None:
+    games = local_run.games
+    if "networked" in local_run.args:
+        # Dedicated instance: one stepless discovery session; ue-1 serves only its runner.
+        assert (games["ue-disc"]["sessions_opened"], games["ue-disc"]["steps"]) == (1, 0)
+        assert games["ue-1"]["sessions_opened"] == 1
+    else:
+        # Sidecar: the discovery task asked worker 1's own game, then its runner connected.
+        assert "ue-disc" not in games
+        assert games["ue-1"]["sessions_opened"] == 2
+
+
+def test_checkpoints_every_k_and_at_the_end(local_run: LocalRun) -> None:
+    names = sorted(p.name for p in local_run.checkpoints.glob("checkpoint_*"))
+    assert names == ["checkpoint_000002", "checkpoint_000003"]
+    assert (local_run.checkpoints / "latest").read_text() == "checkpoint_000003"
+
+
+def test_writes_metrics_csv_and_learning_curve(local_run: LocalRun) -> None:
+    with (local_run.run_dir / "metrics.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["iteration"]) for r in rows] == [1, 2, 3]
+    assert int(rows[-1]["env_steps_total"]) >= ITERATIONS * 500
+    png = (local_run.run_dir / "learning_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+
+
+def test_leaves_no_process_behind(local_run: LocalRun) -> None:
+    # raylets, GCS, agents, Ray workers, mock games: all were seen, none survive.
+    assert len(local_run.pids) > 10
+    assert survivors(local_run.pids) == set()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_during_training_stops_cleanly_with_a_final_checkpoint(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    proc = start(
+        tmp_path,
+        "--workers",
+        "2",
+        "--learners",
+        "1",
+        "--iterations",
+        "100",
+        "--checkpoint-every",
+        "50",
+        "--train-batch-size",
+        "500",
+        "--minibatch-size",
+        "100",
+    )
+    with TreeSampler(proc.pid) as sampler:
+        try:
+            seen = wait_for_line(proc, "iter    1 |", timeout_s=180)
+            os.kill(proc.pid, sig)
+            rest, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, seen + rest
+    latest = (tmp_path / "checkpoints" / "latest").read_text()
+    assert (tmp_path / "checkpoints" / latest).is_dir()
+    assert survivors(sampler.pids - {proc.pid}) == set()
+
+
+def test_signal_during_startup_stops_everything_started_so_far(tmp_path: Path) -> None:
+    proc = start(tmp_path, "--workers", "2", "--learners", "1", "--iterations", "100")
+    with TreeSampler(proc.pid, interval_s=0.1) as sampler:
+        try:
+            seen = wait_for_line(proc, "logs in", timeout_s=60)
+            time.sleep(2)  # nodes and games are starting
+            os.kill(proc.pid, signal.SIGTERM)
+            rest, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, seen + rest
+    assert len(sampler.pids) > 1
+    assert survivors(sampler.pids - {proc.pid}) == set()

@@ -1,0 +1,123 @@
+"""The mock UE game: health service, sessions, validation, process lifecycle."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from training.mock_ue import MockUEServer, scenario_for
+from training.protocol._generated import schola_gym_pb2 as pb
+from training.protocol._generated import schola_gym_pb2_grpc as pb_grpc
+from training.protocol.client import GymClient
+from training.protocol.errors import UEProtocolError
+
+MockFactory = Callable[..., MockUEServer]
+
+
+@pytest.mark.parametrize("service", ["", "Schola.GymService"])
+def test_standard_health_service_reports_serving(mock_ue: MockFactory, service: str) -> None:
+    server = mock_ue()
+    with grpc.insecure_channel(server.address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_update_before_start_is_refused(mock_ue: MockFactory) -> None:
+    server = mock_ue()
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.GymServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.UpdateState(pb.StateUpdate(reset=pb.Reset()), timeout=5)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "StartGymConnector first" in info.value.details()
+
+
+def test_new_client_supersedes_a_session_abandoned_without_closed(mock_ue: MockFactory) -> None:
+    server = mock_ue()
+    crashed = GymClient(server.address, startup_timeout_s=5)
+    crashed.connect()
+    crashed.reset({0: 0})
+    crashed._close_channel()  # vanish without CLOSED, like a killed env runner
+    with GymClient(server.address, startup_timeout_s=5) as client:
+        client.connect()
+        state = client.reset({0: 0})
+    assert 0 in state.initial_state.environment_states
+    stats = server.stats
+    assert (stats.sessions_opened, stats.sessions_superseded, stats.sessions_closed) == (2, 1, 1)
+
+
+def test_step_with_the_wrong_number_of_environments_is_rejected(mock_ue: MockFactory) -> None:
+    server = mock_ue(num_envs=3)
+    with GymClient(server.address, startup_timeout_s=5) as client:
+        client.connect()
+        client.reset(dict.fromkeys(range(3)))
+        update = pb.StateUpdate()
+        update.step.environments.add().updates["agent_0"].discrete_point.value = 0
+        with pytest.raises(UEProtocolError, match="step has 1 environments, game hosts 3"):
+            client.step(update)
+
+
+def test_reset_of_an_environment_the_game_does_not_host_is_rejected(
+    mock_ue: MockFactory,
+) -> None:
+    server = mock_ue(num_envs=2)
+    with GymClient(server.address, startup_timeout_s=5) as client:
+        client.connect()
+        with pytest.raises(UEProtocolError, match="reset of environment 5"):
+            client.reset({5: None})
+
+
+def test_a_taken_port_is_an_error_not_a_shared_socket(mock_ue: MockFactory) -> None:
+    first = mock_ue()
+    with pytest.raises(OSError, match="cannot bind"):
+        MockUEServer(port=first.port).start()
+
+
+def test_unknown_env_id_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown env 'NoSuchGame-v9'"):
+        MockUEServer(env_id="NoSuchGame-v9")
+
+
+def test_any_gymnasium_id_is_served_as_a_single_agent() -> None:
+    scenario = scenario_for("MountainCar-v0")
+    assert [(s.agent_id, s.agent_type) for s in scenario.slots] == [("agent_0", "mountaincar")]
+
+
+def test_process_stops_cleanly_on_sigterm_and_writes_stats(tmp_path: Path) -> None:
+    stats_file = tmp_path / "stats.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.cli", "mock-ue", "--port", "0", "--envs", "2",
+         "--stats-file", str(stats_file)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("mock-ue listening on 127.0.0.1:")
+        address = line.split("listening on ", 1)[1].split()[0]
+        with GymClient(address, startup_timeout_s=10) as client:
+            client.connect()
+            client.reset({0: 0, 1: 0})
+            update = pb.StateUpdate()
+            for _ in range(2):
+                update.step.environments.add().updates["agent_0"].discrete_point.value = 0
+            client.step(update)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stats = json.loads(stats_file.read_text())
+    assert stats == {"sessions_opened": 1, "sessions_closed": 1, "sessions_superseded": 0,
+                     "resets": 1, "steps": 1, "env_steps": 2}

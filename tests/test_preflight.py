@@ -1,0 +1,150 @@
+"""Preflight: mismatches between endpoints and cluster fail fast with expected vs actual."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+import ray
+from grpc_health.v1 import health, health_pb2_grpc
+
+from infra.endpoints import Endpoints, Resources
+from infra.topology import Topology
+from training import procs
+from training.local_cluster import LocalRayCluster, node_specs
+from training.local_endpoints import local_endpoints
+from training.preflight import PreflightError, preflight
+
+# Generous sanity bound: preflight must never hang; it answers in seconds.
+BOUND_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalRayCluster]:
+    # 1 learner node of 2 CPUs, 2 worker nodes of 1 CPU + 1 ue_worker each.
+    specs = node_specs(
+        learners=1, learner_cpus=2, workers=2, worker_cpus=1, custom_resource="ue_worker"
+    )
+    with LocalRayCluster(specs) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def game() -> Iterator[str]:
+    """A real gRPC server standing in for the discovery game (health service only)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(grace=None)
+
+
+@pytest.fixture(autouse=True)
+def _disconnect() -> Iterator[None]:
+    yield
+    ray.shutdown()
+
+
+def endpoints_for(cluster: LocalRayCluster, discovery: str, **changes: object) -> Endpoints:
+    topo = Topology.parse(
+        {"learners": {"replicas": 1, "cpus": 2}, "workers": {"replicas": 2, "cpus": 1}}
+    )
+    base = local_endpoints(
+        topo, gcs_address=cluster.address, client_port=cluster.client_port, base_port=50000
+    )
+    return base.model_copy(update={"discovery_endpoint": discovery, **changes})
+
+
+def timed_failure(endpoints: Endpoints, **kwargs: object) -> tuple[str, float]:
+    start = time.monotonic()
+    with pytest.raises(PreflightError) as info:
+        preflight(endpoints, **kwargs)  # type: ignore[arg-type]
+    return str(info.value), time.monotonic() - start
+
+
+def test_matching_cluster_passes_and_places_the_learner(
+    cluster: LocalRayCluster, game: str
+) -> None:
+    report = preflight(endpoints_for(cluster, game), timeout_s=10)
+    assert report.custom_resource_total == 2
+    assert len(report.learner_placement) == 1
+    assert report.elapsed_s < BOUND_S
+
+
+def test_missing_custom_resource_names_expected_and_available(
+    cluster: LocalRayCluster, game: str
+) -> None:
+    message, elapsed = timed_failure(
+        endpoints_for(cluster, game, custom_resource="ue_game"), timeout_s=10
+    )
+    assert "custom resource 'ue_game': expected at least 2" in message
+    assert "the cluster has 0 available" in message
+    assert elapsed < BOUND_S
+
+
+def test_fewer_custom_resource_units_than_env_runners_fails(
+    cluster: LocalRayCluster, game: str
+) -> None:
+    message, elapsed = timed_failure(endpoints_for(cluster, game, num_env_runners=3), timeout_s=10)
+    assert "expected at least 3" in message and "the cluster has 2 available" in message
+    assert elapsed < BOUND_S
+
+
+def test_too_few_learner_cpus_names_expected_and_room(cluster: LocalRayCluster, game: str) -> None:
+    # Two learners of 2 CPUs: the only 2-CPU node takes one; worker nodes have 0 left.
+    message, elapsed = timed_failure(endpoints_for(cluster, game, num_learners=2), timeout_s=10)
+    assert "expected room for 2 learner(s) of 2 CPU + 0 GPU each" in message
+    assert "the cluster has room for 1" in message
+    assert elapsed < BOUND_S
+
+
+def test_learner_larger_than_any_node_fails_even_if_total_cpus_suffice(
+    cluster: LocalRayCluster, game: str
+) -> None:
+    # 4 CPUs exist in total, but no single node has 3.
+    resources = Resources(cpus_per_learner=3, gpus_per_learner=0, cpus_per_env_runner=0)
+    message, _ = timed_failure(endpoints_for(cluster, game, resources=resources), timeout_s=10)
+    assert "room for 1 learner(s) of 3 CPU" in message and "room for 0" in message
+
+
+def test_learner_gpus_missing_fails(cluster: LocalRayCluster, game: str) -> None:
+    resources = Resources(cpus_per_learner=1, gpus_per_learner=1, cpus_per_env_runner=1)
+    message, _ = timed_failure(endpoints_for(cluster, game, resources=resources), timeout_s=10)
+    assert "1 CPU + 1 GPU each" in message and "room for 0" in message
+
+
+def test_unreachable_discovery_endpoint_fails_within_the_timeout(
+    cluster: LocalRayCluster,
+) -> None:
+    dead = f"127.0.0.1:{procs.free_port()}"
+    message, elapsed = timed_failure(endpoints_for(cluster, dead), timeout_s=5)
+    assert f"discovery endpoint {dead} is unreachable" in message
+    assert elapsed < BOUND_S
+
+
+def test_discovery_endpoint_that_is_not_grpc_fails_within_the_timeout(
+    cluster: LocalRayCluster,
+) -> None:
+    # Accepts TCP but never speaks HTTP/2: must not hang past the timeout.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        endpoint = f"127.0.0.1:{silent.getsockname()[1]}"
+        message, elapsed = timed_failure(endpoints_for(cluster, endpoint), timeout_s=3)
+    assert "accepts TCP but no gRPC server answered" in message
+    assert elapsed < 20
+
+
+def test_unreachable_ray_fails_without_hanging(game: str) -> None:
+    topo = Topology.parse({})
+    dead = f"127.0.0.2:{procs.free_port('127.0.0.2')}"
+    endpoints = local_endpoints(topo, gcs_address=dead, client_port=1, base_port=50000)
+    message, elapsed = timed_failure(endpoints, timeout_s=3)
+    assert f"Ray GCS {dead} is unreachable" in message
+    assert elapsed < 20
+    assert not ray.is_initialized()

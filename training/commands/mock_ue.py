@@ -1,0 +1,57 @@
+"""`uerl mock-ue`: serve Schola's GymService for N copies of a gymnasium environment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="uerl mock-ue",
+        description="Serve Schola's GymService for gymnasium environments (a stand-in UE game).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=50051, help="port (0 = any free port)")
+    parser.add_argument("--envs", type=int, default=1, help="environments hosted (default 1)")
+    parser.add_argument(
+        "--env",
+        default="CartPole-v1",
+        help="CartPole-v1 (default), Pendulum-v1, uerl/TwoTeams-v0 or any gymnasium id",
+    )
+    parser.add_argument("--stats-file", type=Path, help="write session/step counters here on exit")
+    parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    from training.mock_ue import MockUEServer  # grpc/gymnasium only when actually serving
+
+    server = MockUEServer(args.host, args.port, args.env, args.envs, step_delay_s=args.step_delay)
+    try:
+        port = server.start()
+    except (OSError, ValueError) as exc:
+        print(f"mock-ue: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"mock-ue listening on {args.host}:{port} ({args.env} x{args.envs})", flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.stop(grace=1.0)
+    stats = server.stats.to_dict()
+    if args.stats_file is not None:
+        args.stats_file.write_text(json.dumps(stats))
+    print(f"mock-ue stopped: {json.dumps(stats)}", flush=True)
+    return 0

@@ -1,0 +1,192 @@
+"""The `uerl train` code path: preflight, discovery, algorithm, training loop, artefacts.
+
+`uerl local` calls exactly this against the endpoints of what it started.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from infra.endpoints import Endpoints
+from training import checkpoints, metrics
+from training.hparams import Algo
+from training.stop import StopRequest
+
+DEFAULT_ITERATIONS = 10
+CSV_NAME = "metrics.csv"
+PNG_NAME = "learning_curve.png"
+
+Log = Callable[[str], None]
+
+
+class TrainOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    algo: Algo = "PPO"
+    # Totals, counted across resumes: `--iterations 6 --resume` after 4 runs 2 more.
+    iterations: int | None = Field(default=None, ge=1)
+    timesteps: int | None = Field(default=None, ge=1)
+    run_dir: Path
+    checkpoint_dir: Path
+    checkpoint_every: int = Field(default=5, ge=1)
+    resume: str | None = None
+    hparams: dict[str, Any]
+    seed: int | None = None
+    preflight_timeout_s: float = Field(default=30.0, gt=0)
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    # Overrides endpoints.ray.gcs_address (e.g. a port-forward or ray://).
+    ray_address: str | None = None
+
+    @model_validator(mode="after")
+    def _default_stop(self) -> TrainOptions:
+        if self.iterations is None and self.timesteps is None:
+            self.iterations = DEFAULT_ITERATIONS
+        return self
+
+
+@dataclass
+class TrainResult:
+    rows: list[metrics.IterationRow] = field(default_factory=list)
+    checkpoint: Path | None = None
+    interrupted: bool = False
+    csv_path: Path | None = None
+    png_path: Path | None = None
+    wall_s: float = 0.0
+
+    @property
+    def env_steps_total(self) -> int:
+        return self.rows[-1].env_steps_total if self.rows else 0
+
+    @property
+    def best_return(self) -> float:
+        finite = [r.episode_return_mean for r in self.rows if not math.isnan(r.episode_return_mean)]
+        return max(finite, default=math.nan)
+
+
+def _done(options: TrainOptions, rows: list[metrics.IterationRow]) -> bool:
+    if not rows:
+        return False
+    last = rows[-1]
+    if options.iterations is not None and last.iteration >= options.iterations:
+        return True
+    return options.timesteps is not None and last.env_steps_total >= options.timesteps
+
+
+def run_training(
+    endpoints: Endpoints,
+    options: TrainOptions,
+    *,
+    stop: StopRequest | None = None,
+    log: Log = print,
+) -> TrainResult:
+    """Train against `endpoints`; Ray is connected here and disconnected on return."""
+    import ray
+
+    from training.algo_config import build_algo_config
+    from training.game_discovery import discover_game
+    from training.preflight import preflight
+
+    stop = stop or StopRequest()
+    started = time.monotonic()
+    try:
+        report = preflight(
+            endpoints, timeout_s=options.preflight_timeout_s, ray_address=options.ray_address
+        )
+        stop.reinstall()
+        log(report.summary())
+        game = discover_game(endpoints)
+        log(
+            f"game: {game.num_envs} env(s) per instance, agents {sorted(game.agents)}, "
+            f"policies {game.policy_ids()}"
+        )
+        config = build_algo_config(
+            endpoints,
+            game,
+            algo=options.algo,
+            hparams=options.hparams,
+            seed=options.seed,
+            request_timeout_s=options.request_timeout_s,
+        )
+        log(
+            f"building {options.algo}: {endpoints.num_env_runners} env runner(s) "
+            f"x 1 {endpoints.custom_resource}, {endpoints.num_learners} learner(s) "
+            f"x ({endpoints.resources.cpus_per_learner:g} CPU, "
+            f"{endpoints.resources.gpus_per_learner:g} GPU)"
+        )
+        algo = config.build_algo()
+        try:
+            result = _loop(algo, options, stop, log)
+        finally:
+            algo.stop()
+    finally:
+        ray.shutdown()
+    result.csv_path, result.png_path = _write_artefacts(options, result.rows)
+    result.wall_s = time.monotonic() - started
+    return result
+
+
+def _loop(algo: Any, options: TrainOptions, stop: StopRequest, log: Log) -> TrainResult:
+    result = TrainResult()
+    rows: list[metrics.IterationRow] = []
+    if options.resume is not None:
+        path = checkpoints.resolve(options.resume, options.checkpoint_dir)
+        meta = checkpoints.read_meta(path)
+        if meta.algo != options.algo:
+            raise checkpoints.CheckpointError(
+                f"--resume {path}: checkpoint is {meta.algo}, this run is --algo {options.algo}"
+            )
+        algo.restore_from_path(str(path.resolve()))
+        # Keep the earlier rows of the same run so the CSV and curve are continuous.
+        rows = [
+            r for r in metrics.read_csv(options.run_dir / CSV_NAME) if r.iteration <= meta.iteration
+        ]
+        log(f"resumed from {path}: iteration {meta.iteration}, {meta.env_steps_total:,} env steps")
+        previous = meta.env_steps_total
+    else:
+        previous = 0
+    last_saved = rows[-1].iteration if rows else -1
+    result.rows = rows
+    stop.graceful = True
+    try:
+        while not _done(options, rows) and not stop.requested:
+            row = metrics.row_from_result(algo.train(), previous_steps=previous)
+            previous = row.env_steps_total
+            rows.append(row)
+            log(metrics.progress_line(row))
+            if row.iteration % options.checkpoint_every == 0:
+                result.checkpoint = _save(algo, options, row)
+                last_saved = row.iteration
+        result.interrupted = stop.requested
+        if rows and rows[-1].iteration != last_saved:
+            result.checkpoint = _save(algo, options, rows[-1])
+        elif rows and result.checkpoint is None:
+            result.checkpoint = checkpoints.resolve(checkpoints.LATEST, options.checkpoint_dir)
+    finally:
+        stop.graceful = False
+    if result.checkpoint is not None:
+        log(f"checkpoint: {result.checkpoint}")
+    return result
+
+
+def _save(algo: Any, options: TrainOptions, row: metrics.IterationRow) -> Path:
+    meta = checkpoints.CheckpointMeta(row.iteration, row.env_steps_total, options.algo)
+    return checkpoints.save(algo, options.checkpoint_dir, meta)
+
+
+def _write_artefacts(
+    options: TrainOptions, rows: list[metrics.IterationRow]
+) -> tuple[Path | None, Path | None]:
+    if not rows:
+        return None, None
+    csv_path = options.run_dir / CSV_NAME
+    png_path = options.run_dir / PNG_NAME
+    metrics.write_csv(csv_path, rows)
+    metrics.plot_learning_curve(png_path, rows, title=f"uerl {options.algo}")
+    return csv_path, png_path

@@ -1,0 +1,29 @@
+"""Where `uerl train` gets the endpoints object from, in order.
+
+1. `--endpoints FILE`: `pulumi stack output endpoints --json`, or the whole
+   `pulumi stack output --json`.
+2. The ConfigMap the Pulumi program mounts on the Ray head.
+3. Otherwise an error that says how to provide it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra.endpoints import HEAD_ENDPOINTS_PATH, Endpoints, EndpointsError
+
+
+def load_endpoints(
+    path: str | Path | None, *, head_path: str | Path = HEAD_ENDPOINTS_PATH
+) -> Endpoints:
+    if path is not None:
+        return Endpoints.from_file(path)
+    if Path(head_path).is_file():
+        return Endpoints.from_file(head_path)
+    raise EndpointsError(
+        "no endpoints object: pass --endpoints FILE, written with\n"
+        "  pulumi stack output endpoints --json > endpoints.json\n"
+        f"or run on the Ray head, where the stack mounts it at {head_path}\n"
+        "(e.g. `ray job submit --working-dir . -- uerl train`).\n"
+        "To run everything on this machine instead: `uerl local`."
+    )

@@ -1,0 +1,248 @@
+"""A real multi-node Ray cluster on this machine: one `ray start --block` per node.
+
+Head (num-cpus 0, schedules nothing), X learner nodes and Y worker nodes each
+advertising one unit of the custom resource, all separate raylets on
+127.0.0.2. `ray start --block` stays in the foreground as the parent of its
+node's processes and stops them when it gets SIGTERM, so each node is one
+handle we own; see `training.procs` for how they are stopped by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Literal
+
+from training import procs
+
+NODE_IP = "127.0.0.2"
+# Keeps every Unix socket path (<temp>/<node>/session_<date>_<pid>/sockets/...)
+# well under the 107-byte limit.
+TEMP_ROOT = "/tmp"
+# Per-node object store: small, the local run moves tiny batches.
+OBJECT_STORE_BYTES = 200 * 1024 * 1024
+
+NodeRole = Literal["head", "learner", "worker"]
+
+
+class LocalClusterError(RuntimeError):
+    """The local cluster could not be started; the message says which node and why."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    role: NodeRole
+    num_cpus: int
+    num_gpus: int = 0
+    resources: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Node:
+    spec: NodeSpec
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def node_specs(
+    *,
+    learners: int,
+    learner_cpus: float,
+    workers: int,
+    worker_cpus: float,
+    custom_resource: str,
+    learner_gpus: int = 0,
+) -> list[NodeSpec]:
+    """Head + X learner nodes + Y worker nodes.
+
+    `ray start --num-cpus` takes whole CPUs (logical, may exceed the real
+    cores), so fractional topology CPUs are rounded up.
+    """
+    specs = [NodeSpec("head", "head", 0)]
+    specs += [
+        NodeSpec(f"learner{i}", "learner", math.ceil(learner_cpus), learner_gpus)
+        for i in range(1, learners + 1)
+    ]
+    specs += [
+        NodeSpec(f"worker{i}", "worker", math.ceil(worker_cpus), 0, {custom_resource: 1.0})
+        for i in range(1, workers + 1)
+    ]
+    return specs
+
+
+class LocalRayCluster:
+    """Context manager: start the nodes, wait until the GCS lists them all, stop them all.
+
+    `address` is the GCS address for `ray.init(address=..., _node_ip_address=NODE_IP)`.
+    """
+
+    def __init__(
+        self,
+        nodes: list[NodeSpec],
+        *,
+        start_timeout_s: float = 120.0,
+        stop_grace_s: float = 15.0,
+        log_dir: Path | None = None,
+    ) -> None:
+        if not nodes or nodes[0].role != "head" or any(n.role == "head" for n in nodes[1:]):
+            raise ValueError("nodes must start with exactly one head node")
+        self.specs = nodes
+        self.start_timeout_s = start_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.temp_dir = Path(TEMP_ROOT) / f"uerl-{secrets.token_hex(3)}"
+        self.log_dir = log_dir or self.temp_dir / "logs"
+        self.port = 0
+        self.client_port = 0
+        self._nodes: list[_Node] = []
+        self._stopped = False
+
+    @property
+    def address(self) -> str:
+        return f"{NODE_IP}:{self.port}"
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def __enter__(self) -> LocalRayCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.temp_dir.mkdir(parents=True, exist_ok=False)
+        self.port = procs.free_port(NODE_IP)
+        self.client_port = procs.free_port(NODE_IP)
+        deadline = time.monotonic() + self.start_timeout_s
+        head, rest = self.specs[0], self.specs[1:]
+        self._launch(head)
+        self._wait_started(self._nodes[0], deadline)
+        # The other nodes join in parallel once the GCS is up.
+        for spec in rest:
+            self._launch(spec)
+        for node in self._nodes[1:]:
+            self._wait_started(node, deadline)
+        self._wait_registered(deadline)
+
+    def stop(self) -> None:
+        """Stop every node (workers first, head last); idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        survivors = procs.terminate([n.proc for n in self._nodes[1:]], grace_s=self.stop_grace_s)
+        if self._nodes:
+            survivors |= procs.terminate([self._nodes[0].proc], grace_s=self.stop_grace_s)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if survivors:
+            raise LocalClusterError(f"processes survived SIGKILL: {sorted(survivors)}")
+
+    def pids(self) -> set[int]:
+        """Every live process of every node (leaders, raylets, GCS, agents, workers)."""
+        out: set[int] = set()
+        for node in self._nodes:
+            out |= procs.tree(node.proc.pid) | procs.session_members(node.proc.pid)
+        return out
+
+    # -- internals -------------------------------------------------------------
+
+    def _argv(self, spec: NodeSpec) -> list[str]:
+        ray = str(Path(sys.executable).with_name("ray"))
+        argv = [
+            ray,
+            "start",
+            "--block",
+            f"--node-ip-address={NODE_IP}",
+            f"--num-cpus={spec.num_cpus}",
+            f"--num-gpus={spec.num_gpus}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            f"--temp-dir={self.temp_dir / spec.name}",
+            # Random ports for workers and agents: other clusters may run here too.
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+            "--disable-usage-stats",
+            "--log-style=record",
+        ]
+        if spec.resources:
+            argv.append(f"--resources={json.dumps(spec.resources)}")
+        if spec.role == "head":
+            argv += [
+                "--head",
+                f"--port={self.port}",
+                f"--ray-client-server-port={self.client_port}",
+                "--include-dashboard=false",
+            ]
+        else:
+            argv.append(f"--address={self.address}")
+        return argv
+
+    def _launch(self, spec: NodeSpec) -> None:
+        env = dict(os.environ)
+        env.update(
+            RAY_USAGE_STATS_ENABLED="0",
+            # No drain wait on SIGTERM: nothing to migrate on a local cluster.
+            RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
+            # Loopback-only and short-lived: no token auth. Explicit, because an
+            # unset mode turns auth on whenever ~/.ray/auth_token exists.
+            RAY_AUTH_MODE="disabled",
+            # Never pick up an address from the environment: nodes join ours.
+            RAY_ADDRESS="",
+        )
+        log = self.log_dir / f"{spec.name}.log"
+        self._nodes.append(_Node(spec, procs.spawn(self._argv(spec), log_path=log, env=env), log))
+
+    def _wait_started(self, node: _Node, deadline: float) -> None:
+        while True:
+            if node.proc.poll() is not None:
+                raise LocalClusterError(
+                    f"ray start for node {node.spec.name} exited with code "
+                    f"{node.proc.returncode}; last log lines ({node.log}):\n"
+                    f"{procs.tail(node.log)}"
+                )
+            if "Ray runtime started" in node.log.read_text(errors="replace"):
+                return
+            if time.monotonic() > deadline:
+                raise LocalClusterError(
+                    f"node {node.spec.name} did not start within {self.start_timeout_s:.0f}s; "
+                    f"last log lines ({node.log}):\n{procs.tail(node.log)}"
+                )
+            time.sleep(0.2)
+
+    def _wait_registered(self, deadline: float) -> None:
+        """Poll the GCS until every node is alive in it."""
+        from ray._raylet import GcsClient
+
+        client = GcsClient(address=self.address)
+        want = len(self.specs)
+        have = 0
+        while time.monotonic() < deadline:
+            try:
+                infos = client.get_all_node_info(timeout=5).values()
+                have = sum(1 for info in infos if info.state == 0)  # 0 = ALIVE
+            except Exception:  # GCS still coming up: retry until the deadline
+                have = 0
+            if have >= want:
+                return
+            time.sleep(0.25)
+        raise LocalClusterError(
+            f"the GCS at {self.address} lists {have} alive node(s) after "
+            f"{self.start_timeout_s:.0f}s; expected {want} (head + learners + workers)"
+        )

@@ -1,0 +1,14 @@
+"""A mock Schola game: GymService over gymnasium environments, for tests, benchmarks and dev clusters."""
+
+from training.mock_ue.scenarios import SCENARIOS, TWO_TEAMS, AgentSlot, Scenario, scenario_for
+from training.mock_ue.server import MockStats, MockUEServer
+
+__all__ = [
+    "SCENARIOS",
+    "TWO_TEAMS",
+    "AgentSlot",
+    "MockStats",
+    "MockUEServer",
+    "Scenario",
+    "scenario_for",
+]

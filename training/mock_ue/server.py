@@ -1,0 +1,376 @@
+"""A Schola-compatible GymService serving N copies of a gymnasium scenario.
+
+Behaves like a Schola game as far as the protocol goes: StartGymConnector with an
+autoreset mode, RequestTrainingDefinition, UpdateState(reset | step | CLOSED), all
+three autoreset modes, one session at a time (a new StartGymConnector supersedes
+a session whose client vanished without CLOSED), standard gRPC health service.
+Responses are built with the batched codec: numeric conversion once per agent per
+call, Python loops only over environments.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import grpc
+import gymnasium as gym
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from training.mock_ue.scenarios import Scenario, scenario_for
+from training.protocol import spaces as codec
+from training.protocol._generated import schola_gym_pb2 as pb
+from training.protocol._generated import schola_gym_pb2_grpc as pb_grpc
+from training.protocol.client import MAX_MESSAGE_BYTES
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "Schola.GymService"
+
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Fail loudly if the port is taken instead of silently sharing it (gRPC's default).
+    ("grpc.so_reuseport", 0),
+    # Accept the client's in-call keepalive pings.
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+]
+
+
+@dataclass
+class MockStats:
+    sessions_opened: int = 0
+    sessions_closed: int = 0
+    sessions_superseded: int = 0
+    resets: int = 0
+    steps: int = 0
+    env_steps: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class _Abort(Exception):
+    """Raised inside a handler to fail the RPC with a status and message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Session:
+    """The state of one client session: N environments x agents, autoreset bookkeeping."""
+
+    def __init__(self, scenario: Scenario, num_envs: int, autoreset: int) -> None:
+        self.scenario = scenario
+        self.num_envs = num_envs
+        self.autoreset = autoreset
+        self.slots = scenario.slots
+        self.envs = {s.agent_id: [scenario.make(s) for _ in range(num_envs)] for s in self.slots}
+        first = {s.agent_id: self.envs[s.agent_id][0] for s in self.slots}
+        self.obs_spaces = {aid: env.observation_space for aid, env in first.items()}
+        self.act_spaces = {aid: env.action_space for aid, env in first.items()}
+        self.alive = {s.agent_id: np.zeros(num_envs, np.bool_) for s in self.slots}
+        self.needs_reset = np.ones(num_envs, np.bool_)
+
+    def close(self) -> None:
+        for envs in self.envs.values():
+            for env in envs:
+                env.close()
+
+    # -------------------------------------------------------------- reset
+
+    def reset(self, request: pb.Reset, out: pb.InitialState) -> None:
+        indices = sorted(request.environments.keys())
+        for i in indices:
+            if not 0 <= i < self.num_envs:
+                raise _Abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"reset of environment {i}: this game hosts {self.num_envs}",
+                )
+        seeds = [
+            request.environments[i].seed if request.environments[i].HasField("seed") else None
+            for i in indices
+        ]
+        self._reset_into(indices, seeds, out)
+
+    def _reset_into(
+        self, indices: list[int], seeds: list[int | None], out: pb.InitialState
+    ) -> None:
+        if not indices:
+            return
+        states = [out.environment_states[i].agent_states for i in indices]
+        for k, slot in enumerate(self.slots):
+            aid, envs = slot.agent_id, self.envs[slot.agent_id]
+            # Distinct seeds per agent of one environment, reproducible per environment.
+            obs = [
+                envs[i].reset(seed=None if s is None else s * 131 + k)[0]
+                for i, s in zip(indices, seeds, strict=True)
+            ]
+            points = [st[aid].observations for st in states]
+            codec.batch_to_points(self.obs_spaces[aid], np.stack(obs), points)
+            self.alive[aid][indices] = True
+        self.needs_reset[indices] = False
+
+    # -------------------------------------------------------------- step
+
+    def step(self, request: pb.Step, state: pb.State) -> int:
+        n = self.num_envs
+        if len(request.environments) != n:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"step has {len(request.environments)} environments, game hosts {n}",
+            )
+        restart = self.needs_reset.copy()
+        if self.autoreset == pb.DISABLED and restart.any():
+            first = int(np.flatnonzero(restart)[0])
+            raise _Abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"environment {first} is done and autoreset is DISABLED: send a reset",
+            )
+        state.training_state.SetInParent()
+        env_states = state.training_state.environment_states
+        agent_states = [env_states.add().agent_states for _ in range(n)]
+        stepped = ~restart
+        done_any = np.zeros(n, np.bool_)
+        alive_after = {}
+        for slot in self.slots:
+            aid = slot.agent_id
+            acting = np.flatnonzero(self.alive[aid] & stepped)
+            alive_after[aid] = self.alive[aid].copy()
+            if acting.size == 0:
+                continue
+            actions = self._actions(request, aid, acting)
+            envs = self.envs[aid]
+            obs, rewards, terms, truncs = [], [], [], []
+            for i, action in zip(acting.tolist(), actions, strict=True):
+                o, r, te, tr, _ = envs[i].step(action)
+                obs.append(o)
+                rewards.append(r)
+                terms.append(te)
+                truncs.append(tr)
+            sts = [agent_states[i][aid] for i in acting.tolist()]
+            codec.batch_to_points(
+                self.obs_spaces[aid], np.stack(obs), [s.observations for s in sts]
+            )
+            for st, r, te, tr in zip(sts, rewards, terms, truncs, strict=True):
+                st.reward = r
+                st.terminated = te
+                st.truncated = tr
+            ended = np.logical_or(terms, truncs)
+            alive_after[aid][acting[ended]] = False
+        for aid, alive in alive_after.items():
+            self.alive[aid] = alive
+        done = stepped & ~np.logical_or.reduce([self.alive[s.agent_id] for s in self.slots])
+        done_any |= done
+
+        # NEXT_STEP: environments that finished last step restart now, ignoring actions.
+        restart_idx = np.flatnonzero(restart).tolist()
+        if restart_idx:
+            initial = pb.InitialState()
+            self._reset_into(restart_idx, [None] * len(restart_idx), initial)
+            for i in restart_idx:
+                for aid, init in initial.environment_states[i].agent_states.items():
+                    agent_states[i][aid].observations.CopyFrom(init.observations)
+                    agent_states[i][aid].reward = 0.0
+        done_idx = np.flatnonzero(done_any).tolist()
+        if self.autoreset == pb.SAME_STEP:
+            # Reset at once; the new first observations go beside the terminal ones.
+            self._reset_into(done_idx, [None] * len(done_idx), state.initial_state)
+        else:
+            self.needs_reset[done_idx] = True
+        return int(stepped.sum())
+
+    def _actions(self, request: pb.Step, aid: str, acting: np.ndarray) -> list[Any]:
+        points = []
+        for i in acting.tolist():
+            updates = request.environments[i].updates
+            if aid not in updates:
+                raise _Abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"environment {i}: no action for agent {aid!r}",
+                )
+            points.append(updates[aid])
+        space = self.act_spaces[aid]
+        try:
+            batch = codec.points_to_batch(space, points, f"action of {aid!r}")
+        except codec.CodecError as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        if isinstance(space, gym.spaces.Discrete):
+            return batch.tolist()  # plain ints: gymnasium's Discrete.contains is fastest on them
+        return list(batch)
+
+
+class _GymServicer(pb_grpc.GymServiceServicer):
+    def __init__(self, server: MockUEServer) -> None:
+        self._server = server
+
+    def StartGymConnector(self, request, context):  # noqa: N802, ANN001, ANN201
+        return self._server._handle(context, self._server._start, request)
+
+    def RequestTrainingDefinition(self, request, context):  # noqa: N802, ANN001, ANN201
+        return self._server._handle(context, self._server._definition, request)
+
+    def UpdateState(self, request, context):  # noqa: N802, ANN001, ANN201
+        return self._server._handle(context, self._server._update, request)
+
+
+class MockUEServer:
+    """GymService over N copies of a gymnasium scenario; usable in-process or via `uerl mock-ue`."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        env_id: str = "CartPole-v1",
+        num_envs: int = 1,
+        *,
+        step_delay_s: float = 0.0,
+        max_workers: int = 4,
+        on_reply: Callable[[pb.StateUpdate, pb.State], None] | None = None,
+    ) -> None:
+        if num_envs < 1:
+            raise ValueError("num_envs must be >= 1")
+        self.host = host
+        self.requested_port = port
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.step_delay_s = step_delay_s
+        # Fault injection for tests: may rewrite each UpdateState reply before it is sent.
+        self.on_reply = on_reply
+        self.scenario = scenario_for(env_id)
+        self._definition_msg = self._build_definition()
+        self._lock = threading.Lock()
+        self._session: _Session | None = None
+        self._stats = MockStats()
+        self._server: grpc.Server | None = None
+        self._health: health.HealthServicer | None = None
+        self._max_workers = max_workers
+        self.port: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> int:
+        """Bind and serve; returns the bound port (port 0 picks a free one)."""
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._max_workers), options=SERVER_OPTIONS
+        )
+        pb_grpc.add_GymServiceServicer_to_server(_GymServicer(self), server)
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        address = f"{self.host}:{self.requested_port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"mock-ue cannot bind {address}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"mock-ue cannot bind {address}")
+        server.start()
+        for name in ("", SERVICE_NAME):
+            self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        self.port = port
+        log.info("mock-ue %s x%d listening on %s:%d", self.env_id, self.num_envs, self.host, port)
+        return port
+
+    def stop(self, grace: float | None = None) -> None:
+        if self._server is None:
+            return
+        if self._health is not None:
+            self._health.enter_graceful_shutdown()
+        self._server.stop(grace).wait()
+        self._server = None
+        with self._lock:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self._server.wait_for_termination(timeout) if self._server else True
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def stats(self) -> MockStats:
+        with self._lock:
+            return MockStats(**self._stats.to_dict())
+
+    # ------------------------------------------------------------------ handlers
+
+    def _handle(self, context: grpc.ServicerContext, handler, request):  # noqa: ANN001, ANN202
+        try:
+            # One session, strictly serialised: a game steps one request at a time.
+            with self._lock:
+                return handler(request)
+        except _Abort as exc:
+            context.abort(exc.code, exc.message)
+        except Exception as exc:  # the game reports internal failures as INTERNAL
+            log.exception("mock-ue handler failed")
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _build_definition(self) -> pb.TrainingDefinition:
+        msg = pb.TrainingDefinition()
+        env_def = pb.EnvironmentDefinition()
+        for slot in self.scenario.slots:
+            env = self.scenario.make(slot)
+            agent = env_def.agent_definitions[slot.agent_id]
+            codec.space_to_proto(env.observation_space, agent.obs_space)
+            codec.space_to_proto(env.action_space, agent.action_space)
+            agent.agent_type = slot.agent_type
+            env.close()
+        for _ in range(self.num_envs):
+            msg.environment_definitions.add().CopyFrom(env_def)
+        return msg
+
+    def _start(self, request: pb.GymConnectorStartRequest) -> pb.GymConnectorStartResponse:
+        if self._session is not None:
+            # The previous client vanished without CLOSED (e.g. a crashed env runner).
+            self._session.close()
+            self._stats.sessions_superseded += 1
+        self._session = _Session(self.scenario, self.num_envs, request.autoreset_type)
+        self._stats.sessions_opened += 1
+        return pb.GymConnectorStartResponse()
+
+    def _definition(self, _request: pb.TrainingDefinitionRequest) -> pb.TrainingDefinition:
+        return self._definition_msg
+
+    def _update(self, request: pb.StateUpdate) -> pb.State:
+        kind = request.WhichOneof("update")
+        if kind is None and request.status == pb.CLOSED:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+                self._stats.sessions_closed += 1
+            return pb.State()
+        session = self._session
+        if session is None:
+            raise _Abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "no session: call StartGymConnector first"
+            )
+        state = pb.State()
+        if kind == "reset":
+            state.initial_state.SetInParent()
+            session.reset(request.reset, state.initial_state)
+            self._stats.resets += 1
+        elif kind == "step":
+            if self.step_delay_s:
+                time.sleep(self.step_delay_s)
+            self._stats.env_steps += session.step(request.step, state)
+            self._stats.steps += 1
+        else:
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"StateUpdate with neither reset nor step (status={request.status})",
+            )
+        if self.on_reply is not None:
+            self.on_reply(request, state)
+        return state

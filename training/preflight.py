@@ -1,0 +1,241 @@
+"""Preflight: check the cluster and the games match the endpoints before building anything.
+
+Schola's setup waits forever when the learner count disagrees with what the
+cluster can place, so every mismatch here becomes a `PreflightError` saying
+what was expected and what the cluster has, within a bounded time.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.endpoints import Endpoints
+
+_EPS = 1e-9
+
+
+class PreflightError(RuntimeError):
+    """The cluster or the games do not match the endpoints; the message says how."""
+
+
+@dataclass(frozen=True)
+class NodeRoom:
+    """What one alive Ray node has available right now."""
+
+    node_id: str
+    address: str
+    cpus: float
+    gpus: float
+    custom: float
+
+    def describe(self, resource: str) -> str:
+        return (
+            f"{self.address} ({self.node_id[:8]}): {self.cpus:g} CPU, {self.gpus:g} GPU, "
+            f"{self.custom:g} {resource}"
+        )
+
+
+@dataclass
+class PreflightReport:
+    ray_address: str
+    nodes: list[NodeRoom]
+    custom_resource_total: float
+    learner_placement: list[str] = field(default_factory=list)
+    discovery_endpoint: str = ""
+    elapsed_s: float = 0.0
+
+    def summary(self) -> str:
+        return (
+            f"preflight ok in {self.elapsed_s:.1f}s: Ray at {self.ray_address} "
+            f"({len(self.nodes)} nodes), {self.custom_resource_total:g} x custom resource, "
+            f"learners on {self.learner_placement or ['the driver']}, "
+            f"discovery {self.discovery_endpoint} answers"
+        )
+
+
+def split_host_port(endpoint: str, *, what: str) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise PreflightError(f"{what} {endpoint!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def tcp_reachable(endpoint: str, *, timeout_s: float, what: str) -> None:
+    host, port = split_host_port(endpoint.removeprefix("ray://"), what=what)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except OSError as exc:
+        raise PreflightError(
+            f"{what} {host}:{port} is unreachable within {timeout_s:g}s: {exc}"
+        ) from None
+
+
+def grpc_ready(endpoint: str, *, timeout_s: float, what: str) -> None:
+    """A gRPC server (HTTP/2 handshake done) answers at `endpoint` within the deadline."""
+    import grpc
+
+    tcp_reachable(endpoint, timeout_s=timeout_s, what=what)
+    channel = grpc.insecure_channel(endpoint)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        raise PreflightError(
+            f"{what} {endpoint} accepts TCP but no gRPC server answered within {timeout_s:g}s"
+        ) from None
+    finally:
+        channel.close()
+
+
+def connect_ray(address: str, *, timeout_s: float) -> None:
+    """`ray.init` to an explicit address, never a local one, failing within the timeout."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    # ray.init to a dead GCS retries for a long time: probe the port first.
+    tcp_reachable(address, timeout_s=timeout_s, what="Ray GCS")
+    kwargs: dict[str, Any] = {"logging_level": "warning"}
+    host, _ = split_host_port(address.removeprefix("ray://"), what="Ray address")
+    if not address.startswith("ray://") and host.startswith("127."):
+        # A loopback cluster (uerl local): the driver must claim the nodes' IP,
+        # or Ray looks for a raylet on 127.0.0.1 that does not exist.
+        kwargs["_node_ip_address"] = host
+    ray.init(address=address, **kwargs)
+
+
+def node_rooms(resource: str) -> list[NodeRoom]:
+    """Available resources per alive node (falls back to totals if Ray has no usage yet)."""
+    import ray
+    from ray._private import state
+
+    try:
+        available: dict[str, dict[str, Any]] = state.available_resources_per_node()
+    except Exception:  # Ray client mode has no state accessor: use node totals
+        available = {}
+    rooms = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        node_id = node["NodeID"]
+        res = available.get(node_id, node.get("Resources", {}))
+        rooms.append(
+            NodeRoom(
+                node_id=node_id,
+                address=node.get("NodeManagerAddress", "?"),
+                cpus=float(res.get("CPU", 0.0)),
+                gpus=float(res.get("GPU", 0.0)),
+                custom=float(res.get(resource, 0.0)),
+            )
+        )
+    return rooms
+
+
+def fits(room_cpus: float, room_gpus: float, cpus: float, gpus: float) -> int:
+    """How many items of (cpus, gpus) fit in one node's room."""
+    counts = []
+    if cpus > 0:
+        counts.append(math.floor(room_cpus / cpus + _EPS))
+    if gpus > 0:
+        counts.append(math.floor(room_gpus / gpus + _EPS))
+    return min(counts) if counts else 1_000_000
+
+
+def place_learners(
+    endpoints: Endpoints, rooms: list[NodeRoom]
+) -> tuple[list[str], list[tuple[NodeRoom, float, float]]]:
+    """Place env runners on custom-resource nodes, then X learners on what is left.
+
+    Returns (learner node addresses, remaining room per node). A learner must
+    fit whole on one node; learners may share a node that has room for several.
+    """
+    res = endpoints.resources
+    left = [(r, r.cpus, r.gpus) for r in rooms]
+    # Env runners first: each takes a unit of the custom resource and its CPUs.
+    runners = endpoints.num_env_runners
+    for i, (room, cpus, gpus) in enumerate(left):
+        take = min(
+            runners,
+            math.floor(room.custom + _EPS),
+            fits(cpus, gpus, res.cpus_per_env_runner, 0),
+        )
+        left[i] = (room, cpus - take * res.cpus_per_env_runner, gpus)
+        runners -= take
+    placed: list[str] = []
+    for _ in range(endpoints.num_learners):
+        # Best fit: the node with the most CPU room that can take one more learner.
+        candidates = [
+            (cpus, i)
+            for i, (_, cpus, gpus) in enumerate(left)
+            if fits(cpus, gpus, res.cpus_per_learner, res.gpus_per_learner) >= 1
+        ]
+        if not candidates:
+            break
+        _, i = max(candidates)
+        room, cpus, gpus = left[i]
+        left[i] = (room, cpus - res.cpus_per_learner, gpus - res.gpus_per_learner)
+        placed.append(room.address)
+    return placed, left
+
+
+def check_resources(endpoints: Endpoints, rooms: list[NodeRoom]) -> list[str]:
+    """Learner placement, or PreflightError saying what was expected vs what there is."""
+    resource = endpoints.custom_resource
+    res = endpoints.resources
+    have_nodes = "\n    ".join(r.describe(resource) for r in rooms) or "(no alive nodes)"
+    total = sum(r.custom for r in rooms)
+    need = endpoints.num_env_runners
+    if total + _EPS < need:
+        raise PreflightError(
+            f"custom resource {resource!r}: expected at least {need} (one per env runner, "
+            f"num_env_runners={need}), the cluster has {total:g} available.\n"
+            f"  nodes:\n    {have_nodes}\n"
+            f"  Worker nodes must advertise it (ray start --resources='{{\"{resource}\": 1}}')."
+        )
+    runner_cpus = sum(
+        min(math.floor(r.custom + _EPS), fits(r.cpus, 0, res.cpus_per_env_runner, 0)) for r in rooms
+    )
+    if runner_cpus < need:
+        raise PreflightError(
+            f"env runners: expected {need} x ({res.cpus_per_env_runner:g} CPU + 1 {resource}) "
+            f"on nodes with {resource!r}, the cluster can place {runner_cpus}.\n"
+            f"  nodes:\n    {have_nodes}"
+        )
+    placed, _ = place_learners(endpoints, rooms)
+    if len(placed) < endpoints.num_learners:
+        raise PreflightError(
+            f"learners: expected room for {endpoints.num_learners} learner(s) of "
+            f"{res.cpus_per_learner:g} CPU + {res.gpus_per_learner:g} GPU each (a learner "
+            f"must fit on one node), the cluster has room for {len(placed)} after placing "
+            f"{need} env runner(s).\n  nodes (available):\n    {have_nodes}"
+        )
+    return placed
+
+
+def preflight(
+    endpoints: Endpoints, *, timeout_s: float = 30.0, ray_address: str | None = None
+) -> PreflightReport:
+    """Connect to Ray (if not connected), check resources and the discovery endpoint.
+
+    Leaves Ray connected for the caller (the driver builds the algorithm next);
+    the caller owns `ray.shutdown()`.
+    """
+    start = time.monotonic()
+    address = ray_address or endpoints.ray.gcs_address
+    connect_ray(address, timeout_s=timeout_s)
+    rooms = node_rooms(endpoints.custom_resource)
+    placement = check_resources(endpoints, rooms)
+    remaining = max(1.0, timeout_s - (time.monotonic() - start))
+    grpc_ready(endpoints.discovery_endpoint, timeout_s=remaining, what="discovery endpoint")
+    return PreflightReport(
+        ray_address=address,
+        nodes=rooms,
+        custom_resource_total=sum(r.custom for r in rooms),
+        learner_placement=placement,
+        discovery_endpoint=endpoints.discovery_endpoint,
+        elapsed_s=time.monotonic() - start,
+    )

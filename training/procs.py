@@ -1,0 +1,164 @@
+"""Process-tree bookkeeping for the things `uerl local` starts.
+
+Every subprocess is started in its own session (so a terminal Ctrl-C reaches
+only our CLI, which then stops things in order) with a parent-death signal (so
+they die with us even if we are SIGKILLed). Stopping is always by pid:
+SIGTERM to the leader, a bounded wait, then SIGKILL to every process of the
+tree we saw, never a match on process names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import psutil
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec. The signal fires when the
+    # thread that forked exits, so we only ever spawn from the main thread.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def spawn(
+    argv: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new session, stdout+stderr to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def tree(pid: int) -> set[int]:
+    """`pid` and all its live descendants (empty if it is gone)."""
+    try:
+        proc = psutil.Process(pid)
+        return {pid, *(child.pid for child in proc.children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def session_members(sid: int) -> set[int]:
+    """Live processes whose session id is `sid` (our children were each given one).
+
+    Catches grandchildren that were re-parented to init after their parent died.
+    """
+    members = set()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(proc.pid) == sid:
+                members.add(proc.pid)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def alive(pids: Iterable[int]) -> set[int]:
+    """The subset of `pids` still running (zombies count as gone)."""
+    out = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.add(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _signal_all(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def terminate(procs: Sequence[subprocess.Popen[bytes]], *, grace_s: float) -> set[int]:
+    """Stop each process and its whole tree; return pids that survived SIGKILL.
+
+    SIGTERM goes to the leaders only (a `ray start --block` leader stops its
+    own children in order); after `grace_s` everything left is SIGKILLed.
+    """
+    seen: set[int] = set()
+    for proc in procs:
+        seen |= tree(proc.pid) | session_members(proc.pid)
+    _signal_all((p.pid for p in procs if p.poll() is None), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        for proc in procs:
+            # Keep learning about descendants that appeared during shutdown.
+            seen |= tree(proc.pid)
+        if all(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.1)
+    for proc in procs:
+        seen |= tree(proc.pid) | session_members(proc.pid)
+    # Children of a leader that exited get a short grace of their own, then KILL.
+    deadline = time.monotonic() + min(grace_s, 5.0)
+    while alive(seen) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal_all(alive(seen), signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    deadline = time.monotonic() + 5.0
+    while alive(seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(seen)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` and on all interfaces right now."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port_is_free(port):
+            return port
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int, *, low: int = 20000, high: int = 60000) -> int:
+    """A base port `p` such that p .. p+count-1 are all free right now."""
+    rng = int.from_bytes(os.urandom(4), "little")
+    span = high - low - count
+    for attempt in range(200):
+        base = low + (rng + attempt * 7919) % span
+        if all(port_is_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no block of {count} free TCP ports found in {low}..{high}")
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,1 @@
+"""Schola GymService protocol: generated messages, space/point codec, gRPC client, errors."""

@@ -1,0 +1,104 @@
+"""PPO configuration (RLlib new API stack) for a discovered game: one policy per agent type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+
+from training.discovery import GameSpec
+from training.env_runner import ENV_CONFIG_KEY, UEConnection, UEEnvRunner
+
+if TYPE_CHECKING:
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+# `config.env` is only a label: UEEnvRunner builds its env from env_config["ue"].
+ENV_LABEL = "uerl-ue-game"
+
+
+@dataclass(frozen=True)
+class AgentTypeMapping:
+    """policy_mapping_fn: agent id -> policy id (its agent type). Picklable, unlike a lambda."""
+
+    mapping: dict[str, str]
+
+    def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
+        try:
+            return self.mapping[str(agent_id)]
+        except KeyError:
+            raise KeyError(
+                f"agent {agent_id!r} is not in the game's definition "
+                f"(known agents: {sorted(self.mapping)})"
+            ) from None
+
+
+def build_ppo_config(
+    game: GameSpec,
+    connection: UEConnection,
+    *,
+    num_env_runners: int,
+    custom_resource: str | None = None,
+    num_learners: int = 0,
+    train_batch_size: int = 4000,
+    minibatch_size: int = 128,
+    num_epochs: int = 10,
+    seed: int | None = None,
+) -> PPOConfig:
+    """PPO over `num_env_runners` games (one `UEEnvRunner` each), one policy per agent type."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    policy_spaces = game.policy_spaces()
+    config = (
+        PPOConfig()
+        .api_stack(
+            enable_rl_module_and_learner=True,
+            enable_env_runner_and_connector_v2=True,
+        )
+        .environment(
+            env=ENV_LABEL,
+            env_config={ENV_CONFIG_KEY: connection.model_dump()},
+            # The checker would call reset/step on sub-env views; the game is checked by
+            # UEVectorEnv's own validation instead.
+            disable_env_checking=True,
+            # Agent-keyed spaces let a runner without a game (the local one) build its
+            # connectors; remote runners report the same spaces from their games.
+            observation_space=gym.spaces.Dict(
+                {aid: spec.observation_space for aid, spec in sorted(game.agents.items())}
+            ),
+            action_space=gym.spaces.Dict(
+                {aid: spec.action_space for aid, spec in sorted(game.agents.items())}
+            ),
+        )
+        .env_runners(
+            env_runner_cls=UEEnvRunner,
+            num_env_runners=num_env_runners,
+            # One runner steps all environments of its game in one RPC.
+            num_envs_per_env_runner=game.num_envs,
+            custom_resources_per_env_runner=({custom_resource: 1} if custom_resource else {}),
+        )
+        .multi_agent(
+            policies=set(game.policy_ids()),
+            policy_mapping_fn=AgentTypeMapping(game.policy_mapping()),
+        )
+        .rl_module(
+            # Spaces come from discovery, so the driver and learners need no game.
+            rl_module_spec=MultiRLModuleSpec(
+                rl_module_specs={
+                    pid: RLModuleSpec(observation_space=obs, action_space=act)
+                    for pid, (obs, act) in policy_spaces.items()
+                }
+            )
+        )
+        .learners(num_learners=num_learners)
+        .training(
+            train_batch_size_per_learner=train_batch_size,
+            minibatch_size=minibatch_size,
+            num_epochs=num_epochs,
+        )
+    )
+    if seed is not None:
+        config = config.debugging(seed=seed)
+    return config

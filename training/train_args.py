@@ -1,0 +1,113 @@
+"""Command-line options shared by `uerl train` and `uerl local` (same training code path)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from training import hparams as hp
+from training.driver import DEFAULT_ITERATIONS, TrainOptions, TrainResult
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--algo", choices=hp.ALGOS, default="PPO", help="default PPO")
+    stop = group.add_mutually_exclusive_group()
+    stop.add_argument(
+        "--iterations",
+        type=int,
+        help=f"stop at this many iterations in total (default {DEFAULT_ITERATIONS})",
+    )
+    stop.add_argument("--timesteps", type=int, help="stop at this many env steps in total")
+    group.add_argument(
+        "--run-dir",
+        type=Path,
+        help="metrics CSV, learning curve, logs (default runs/<name>-<time>)",
+    )
+    group.add_argument(
+        "--checkpoint-dir", type=Path, help="checkpoints (default <run-dir>/checkpoints)"
+    )
+    group.add_argument(
+        "--checkpoint-every", type=int, default=5, metavar="K", help="every K iterations (5)"
+    )
+    group.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        metavar="PATH",
+        help="continue from the newest checkpoint in --checkpoint-dir, or from PATH",
+    )
+    group.add_argument("--seed", type=int)
+    group.add_argument(
+        "--hparams", type=Path, metavar="YAML", help="hyperparameters file (name: value)"
+    )
+    group.add_argument("--lr", type=float)
+    group.add_argument("--gamma", type=float)
+    group.add_argument("--train-batch-size", type=int, help="env steps per learner per update")
+    group.add_argument("--minibatch-size", type=int)
+    group.add_argument("--num-epochs", type=int)
+    group.add_argument("--entropy-coeff", type=float)
+    group.add_argument(
+        "--hp",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any training() option of the algorithm, e.g. --hp lambda_=0.9 (repeatable)",
+    )
+    group.add_argument("--preflight-timeout", type=float, default=30.0, metavar="S")
+    group.add_argument(
+        "--request-timeout", type=float, default=60.0, metavar="S", help="per game RPC"
+    )
+
+
+def merged_hparams(args: argparse.Namespace) -> dict[str, Any]:
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if args.hparams is not None:
+        layers.append((str(args.hparams), hp.load_yaml(args.hparams)))
+    flags = {
+        key: getattr(args, flag)
+        for flag, key in hp.FLAG_KEYS.items()
+        if getattr(args, flag) is not None
+    }
+    layers.append(("flags", flags))
+    layers.append(("--hp", dict(hp.parse_assignment(a) for a in args.hp)))
+    return hp.merge(args.algo, *layers)
+
+
+def options_from_args(
+    args: argparse.Namespace, *, name: str, extra: dict[str, Any] | None = None
+) -> TrainOptions:
+    run_dir = args.run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return TrainOptions(
+        algo=args.algo,
+        iterations=args.iterations,
+        timesteps=args.timesteps,
+        run_dir=run_dir,
+        checkpoint_dir=args.checkpoint_dir or run_dir / "checkpoints",
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        hparams=merged_hparams(args),
+        seed=args.seed,
+        preflight_timeout_s=args.preflight_timeout,
+        request_timeout_s=args.request_timeout,
+        **(extra or {}),
+    )
+
+
+def summary(result: TrainResult) -> str:
+    last = result.rows[-1] if result.rows else None
+    lines = [
+        f"{'interrupted' if result.interrupted else 'done'} in {result.wall_s:.1f}s: "
+        f"{len(result.rows)} iteration(s) recorded, {result.env_steps_total:,} env steps, "
+        f"best return mean {result.best_return:.1f}"
+        + (f", last {last.episode_return_mean:.1f}" if last else "")
+    ]
+    if result.checkpoint:
+        lines.append(f"  checkpoint:     {result.checkpoint}")
+    if result.csv_path:
+        lines.append(f"  metrics:        {result.csv_path}")
+    if result.png_path:
+        lines.append(f"  learning curve: {result.png_path}")
+    return "\n".join(lines)
