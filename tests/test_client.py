@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.protocol._generated import schola_gym_pb2 as pb
-from training.protocol.client import GymClient
+from training.protocol.client import GymClient, TLSConfig
 from training.protocol.errors import UEConnectionError, UEProtocolError
 
 MockFactory = Callable[..., MockUEServer]
@@ -62,7 +63,8 @@ def spawn_mock() -> Iterator[Callable[..., tuple[subprocess.Popen[str], str]]]:
     def spawn(*args: str) -> tuple[subprocess.Popen[str], str]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "training.cli", "mock-ue", "--port", "0", *args],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         procs.append(proc)
         assert proc.stdout is not None
@@ -106,10 +108,18 @@ def test_reset_with_the_same_seed_is_reproducible(mock_ue: MockFactory) -> None:
     server = mock_ue("CartPole-v1")
     with _client(server) as client:
         client.connect()
-        a = _obs(client.reset({0: 7}).initial_state.environment_states[0]
-                 .agent_states["agent_0"].observations)
-        b = _obs(client.reset({0: 7}).initial_state.environment_states[0]
-                 .agent_states["agent_0"].observations)
+        a = _obs(
+            client.reset({0: 7})
+            .initial_state.environment_states[0]
+            .agent_states["agent_0"]
+            .observations
+        )
+        b = _obs(
+            client.reset({0: 7})
+            .initial_state.environment_states[0]
+            .agent_states["agent_0"]
+            .observations
+        )
     np.testing.assert_array_equal(a, b)
 
 
@@ -163,7 +173,7 @@ def test_disabled_autoreset_refuses_to_step_a_finished_environment(mock_ue: Mock
         client.connect(pb.DISABLED)
         client.reset({0: 0})
         _run_until_done(client)
-        with pytest.raises(UEProtocolError, match="environment 0 is done.*DISABLED"):
+        with pytest.raises(UEProtocolError, match=r"environment 0 is done.*DISABLED"):
             _step(client, [{"agent_0": 1}])
         client.reset({0: 3})
         assert _agent(_step(client, [{"agent_0": 1}]), 0).reward == 1.0
@@ -262,8 +272,8 @@ def test_game_that_stops_answering_hits_the_request_deadline(mock_ue: MockFactor
         client.connect()
         client.reset({0: 0})
         start = time.monotonic()
-        with pytest.raises(UEConnectionError,
-                           match=f"{server.address} did not answer UpdateState\\(step\\) within 0.5 s"):
+        expected = rf"{server.address} did not answer UpdateState\(step\) within 0\.5 s"
+        with pytest.raises(UEConnectionError, match=expected):
             _step(client, [{"agent_0": 0}])
         assert time.monotonic() - start < 2.0
 
@@ -307,3 +317,38 @@ def test_game_killed_mid_step_raises_promptly(spawn_mock: Callable[..., Any]) ->
     assert len(errors) == 1 and isinstance(errors[0], UEConnectionError)
     assert f"UE game at {address} went away during UpdateState(step)" in str(errors[0])
     client.close()  # the game is gone: close must not raise or hang
+
+
+def test_tls_session_with_a_ca_bundle(mock_ue: MockFactory, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server = mock_ue(tls_cert_path=str(cert), tls_key_path=str(key))
+    tls = TLSConfig(ca_path=str(cert))
+    with GymClient(server.address, startup_timeout_s=5, request_timeout_s=5, tls=tls) as client:
+        client.connect()
+        client.reset({0: 0})
+        assert _agent(_step(client, [{"agent_0": 0}]), 0).reward == 1.0
+    # A plaintext client never gets a session from a TLS game.
+    with pytest.raises(UEConnectionError, match="did not answer StartGymConnector"):
+        GymClient(server.address, startup_timeout_s=1.0).connect()

@@ -59,16 +59,18 @@ def test_unreachable_game_fails_within_the_timeout(closed_port: int) -> None:
     assert time.monotonic() - start < 3.0
 
 
-def test_cli_prints_json_that_loads_back(mock_ue: MockFactory,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_json_that_loads_back(
+    mock_ue: MockFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
     server = mock_ue(TWO_TEAMS, num_envs=2)
     assert discover_cmd.main([server.address, "--json", "--timeout", "5"]) == 0
     printed = GameSpec.from_json(capsys.readouterr().out)
     assert printed == discover(server.address, timeout_s=5)
 
 
-def test_cli_prints_a_readable_summary(mock_ue: MockFactory,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_a_readable_summary(
+    mock_ue: MockFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
     server = mock_ue(TWO_TEAMS, num_envs=2)
     assert discover_cmd.main([server.address]) == 0
     out = capsys.readouterr().out

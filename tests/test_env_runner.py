@@ -16,8 +16,12 @@ from training.rllib_config import AgentTypeMapping, build_ppo_config
 MockFactory = Callable[..., MockUEServer]
 
 
-def _runner(servers: list[MockUEServer], connection: UEConnection, worker_index: int,
-            num_env_runners: int = 2) -> UEEnvRunner:
+def _runner(
+    servers: list[MockUEServer],
+    connection: UEConnection,
+    worker_index: int,
+    num_env_runners: int = 2,
+) -> UEEnvRunner:
     game = discover(servers[0].address, timeout_s=5)
     config = build_ppo_config(game, connection, num_env_runners=num_env_runners)
     return UEEnvRunner(config=config, worker_index=worker_index)
@@ -57,11 +61,16 @@ def test_connection_round_trips_as_a_plain_dict() -> None:
 
 @pytest.mark.parametrize("worker_index", [1, 2, 3])
 def test_per_worker_runner_connects_to_its_own_port(
-    mock_ue_row: Callable[..., list[MockUEServer]], worker_index: int,
+    mock_ue_row: Callable[..., list[MockUEServer]],
+    worker_index: int,
 ) -> None:
     servers = mock_ue_row(3, num_envs=2)
-    connection = UEConnection(url_template="127.0.0.1", port=servers[0].port - 1,
-                              port_offset_mode="per_worker", startup_timeout_s=5)
+    connection = UEConnection(
+        url_template="127.0.0.1",
+        port=servers[0].port - 1,
+        port_offset_mode="per_worker",
+        startup_timeout_s=5,
+    )
     runner = _runner(servers, connection, worker_index, num_env_runners=3)
     try:
         assert runner.env.endpoint == servers[worker_index - 1].address

@@ -96,9 +96,20 @@ def test_any_gymnasium_id_is_served_as_a_single_agent() -> None:
 def test_process_stops_cleanly_on_sigterm_and_writes_stats(tmp_path: Path) -> None:
     stats_file = tmp_path / "stats.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "training.cli", "mock-ue", "--port", "0", "--envs", "2",
-         "--stats-file", str(stats_file)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "training.cli",
+            "mock-ue",
+            "--port",
+            "0",
+            "--envs",
+            "2",
+            "--stats-file",
+            str(stats_file),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -119,5 +130,43 @@ def test_process_stops_cleanly_on_sigterm_and_writes_stats(tmp_path: Path) -> No
             proc.kill()
             proc.wait()
     stats = json.loads(stats_file.read_text())
-    assert stats == {"sessions_opened": 1, "sessions_closed": 1, "sessions_superseded": 0,
-                     "resets": 1, "steps": 1, "env_steps": 2}
+    assert stats == {
+        "sessions_opened": 1,
+        "sessions_closed": 1,
+        "sessions_superseded": 0,
+        "resets": 1,
+        "steps": 1,
+        "env_steps": 2,
+    }
+
+
+def test_mock_needs_neither_ray_nor_torch(tmp_path: Path) -> None:
+    # The mock-ue image installs only grpc, protobuf, gymnasium, numpy and pydantic.
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('ray', 'torch', 'pulumi'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from training.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "mock-ue", "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on" in line
+        address = line.split("listening on ", 1)[1].split()[0]
+        with GymClient(address, startup_timeout_s=10) as client:
+            client.connect()
+            assert len(client.training_definition().environment_definitions) == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -16,8 +16,13 @@ from training.rllib_config import build_ppo_config
 def ray_local() -> Iterator[None]:
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False,
-             _node_ip_address="127.0.0.2", log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.2",
+        log_to_driver=False,
+    )
     try:
         yield
     finally:
@@ -27,14 +32,27 @@ def ray_local() -> Iterator[None]:
 @pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["CartPole-v1", TWO_TEAMS])
 def test_ppo_trains_two_iterations_against_two_mock_games(
-    mock_ue_row: Callable[..., list[MockUEServer]], ray_local: None, env_id: str,
+    mock_ue_row: Callable[..., list[MockUEServer]],
+    ray_local: None,
+    env_id: str,
 ) -> None:
     servers = mock_ue_row(2, env_id, num_envs=4)
     game = discover(servers[0].address, timeout_s=5)
-    connection = UEConnection(url_template="127.0.0.1", port=servers[0].port - 1,
-                              port_offset_mode="per_worker", startup_timeout_s=20)
-    config = build_ppo_config(game, connection, num_env_runners=2, train_batch_size=512,
-                              minibatch_size=128, num_epochs=1, seed=0)
+    connection = UEConnection(
+        url_template="127.0.0.1",
+        port=servers[0].port - 1,
+        port_offset_mode="per_worker",
+        startup_timeout_s=20,
+    )
+    config = build_ppo_config(
+        game,
+        connection,
+        num_env_runners=2,
+        train_batch_size=512,
+        minibatch_size=128,
+        num_epochs=1,
+        seed=0,
+    )
     algo = config.build_algo()
     try:
         results = [algo.train() for _ in range(2)]

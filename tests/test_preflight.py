@@ -127,6 +127,25 @@ def test_unreachable_discovery_endpoint_fails_within_the_timeout(
     assert elapsed < BOUND_S
 
 
+def test_unreachable_networked_discovery_endpoint_fails_from_the_driver(
+    cluster: LocalRayCluster,
+) -> None:
+    dead = f"127.0.0.1:{procs.free_port()}"
+    endpoints = endpoints_for(cluster, dead, pattern="networked")
+    message, elapsed = timed_failure(endpoints, timeout_s=5)
+    assert f"discovery endpoint {dead} is unreachable" in message
+    assert "worker node" not in message
+    assert elapsed < BOUND_S
+
+
+def test_sidecar_discovery_endpoint_is_checked_from_a_worker_node(
+    cluster: LocalRayCluster,
+) -> None:
+    dead = f"127.0.0.1:{procs.free_port()}"
+    message, _ = timed_failure(endpoints_for(cluster, dead, pattern="sidecar"), timeout_s=5)
+    assert message.endswith("(checked from a worker node)")
+
+
 def test_discovery_endpoint_that_is_not_grpc_fails_within_the_timeout(
     cluster: LocalRayCluster,
 ) -> None:

@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GENERATED = ROOT / "training" / "protocol" / "_generated"
 
 
-def _load_generator():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("uerl_protos_generate", ROOT / "protos" / "generate.py")
+def _load_generator():
+    path = ROOT / "protos" / "generate.py"
+    spec = importlib.util.spec_from_file_location("uerl_protos_generate", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -55,15 +56,33 @@ def _fields(message: type) -> dict[str, int]:
     [
         (pb.BoxSpace, {"dimensions": 1, "shape_dimensions": 2, "dtype": 3}),
         (pb.BoxPoint, {"values": 1, "dtype": 2, "shape": 3}),
-        (pb.Space, {"box_space": 1, "discrete_space": 2, "multi_discrete_space": 3,
-                    "multi_binary_space": 4, "dict_space": 5}),
-        (pb.Point, {"box_point": 1, "discrete_point": 2, "multi_discrete_point": 3,
-                    "multi_binary_point": 4, "dict_point": 5}),
+        (
+            pb.Space,
+            {
+                "box_space": 1,
+                "discrete_space": 2,
+                "multi_discrete_space": 3,
+                "multi_binary_space": 4,
+                "dict_space": 5,
+            },
+        ),
+        (
+            pb.Point,
+            {
+                "box_point": 1,
+                "discrete_point": 2,
+                "multi_discrete_point": 3,
+                "multi_binary_point": 4,
+                "dict_point": 5,
+            },
+        ),
         (pb.AgentDefinition, {"obs_space": 1, "action_space": 2, "agent_type": 3}),
         (pb.StateUpdate, {"reset": 1, "step": 2, "status": 3}),
         (pb.EnvironmentSettings, {"seed": 1, "options": 2}),
-        (pb.AgentState, {"observations": 1, "reward": 2, "terminated": 3, "truncated": 4,
-                         "info": 5}),
+        (
+            pb.AgentState,
+            {"observations": 1, "reward": 2, "terminated": 3, "truncated": 4, "info": 5},
+        ),
         (pb.InitialAgentState, {"observations": 1, "info": 4}),
         (pb.State, {"training_state": 1, "initial_state": 2}),
     ],
@@ -92,17 +111,29 @@ def test_status_is_outside_the_update_oneof() -> None:
 
 def test_enum_values_match_schola() -> None:
     assert dict(pb.DType.items()) == {
-        "FLOAT32": 0, "UINT8": 1, "UINT16": 2, "UINT32": 3, "UINT64": 4, "INT8": 5,
-        "INT16": 6, "INT32": 7, "INT64": 8, "FLOAT16": 9, "FLOAT64": 10, "BOOL": 11,
+        "FLOAT32": 0,
+        "UINT8": 1,
+        "UINT16": 2,
+        "UINT32": 3,
+        "UINT64": 4,
+        "INT8": 5,
+        "INT16": 6,
+        "INT32": 7,
+        "INT64": 8,
+        "FLOAT16": 9,
+        "FLOAT64": 10,
+        "BOOL": 11,
     }
     assert dict(pb.AutoResetType.items()) == {"SAME_STEP": 0, "NEXT_STEP": 1, "DISABLED": 2}
     assert dict(pb.CommunicatorStatus.items()) == {"GOOD": 0, "ERROR": 1, "CLOSED": 2}
 
 
 def test_map_keys_have_the_protocol_types() -> None:
-    reset_key = pb.Reset.DESCRIPTOR.fields_by_name["environments"].message_type.fields_by_name["key"]
-    initial_key = (pb.InitialState.DESCRIPTOR.fields_by_name["environment_states"]
-                   .message_type.fields_by_name["key"])
+    reset_entry = pb.Reset.DESCRIPTOR.fields_by_name["environments"].message_type
+    reset_key = reset_entry.fields_by_name["key"]
+    initial_key = pb.InitialState.DESCRIPTOR.fields_by_name[
+        "environment_states"
+    ].message_type.fields_by_name["key"]
     assert reset_key.type == reset_key.TYPE_INT32
     assert initial_key.type == initial_key.TYPE_INT32
 

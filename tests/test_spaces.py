@@ -11,18 +11,34 @@ import pytest
 from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
 
-BOX_DTYPES = [np.float32, np.float64, np.float16, np.uint8, np.uint16, np.uint32, np.uint64,
-              np.int8, np.int16, np.int32, np.int64, np.bool_]
+BOX_DTYPES = [
+    np.float32,
+    np.float64,
+    np.float16,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.bool_,
+]
 
-NESTED = gym.spaces.Dict({
-    "camera": gym.spaces.Box(0, 255, (4, 3, 2), np.uint8),
-    "state": gym.spaces.Dict({
-        "pose": gym.spaces.Box(-np.inf, np.inf, (7,), np.float32),
-        "mode": gym.spaces.Discrete(5),
-        "flags": gym.spaces.MultiBinary(3),
-        "gear": gym.spaces.MultiDiscrete([2, 3, 4]),
-    }),
-})
+NESTED = gym.spaces.Dict(
+    {
+        "camera": gym.spaces.Box(0, 255, (4, 3, 2), np.uint8),
+        "state": gym.spaces.Dict(
+            {
+                "pose": gym.spaces.Box(-np.inf, np.inf, (7,), np.float32),
+                "mode": gym.spaces.Discrete(5),
+                "flags": gym.spaces.MultiBinary(3),
+                "gear": gym.spaces.MultiDiscrete([2, 3, 4]),
+            }
+        ),
+    }
+)
 
 SPACES: dict[str, gym.Space] = {
     "box_1d": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
@@ -135,8 +151,11 @@ def test_point_round_trips_through_proto(name: str) -> None:
 @pytest.mark.parametrize("dtype", BOX_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_box_point_decodes_to_the_space_dtype(dtype: type) -> None:
     kind = np.dtype(dtype).kind
-    space = (gym.spaces.Box(0, 1, (3, 2), dtype) if kind == "b"
-             else gym.spaces.Box(0, 100, (3, 2), dtype))
+    space = (
+        gym.spaces.Box(0, 1, (3, 2), dtype)
+        if kind == "b"
+        else gym.spaces.Box(0, 100, (3, 2), dtype)
+    )
     value = space.sample()
     back = codec.point_to_value(space, codec.value_to_point(space, value))
     assert back.dtype == np.dtype(dtype)

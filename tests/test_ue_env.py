@@ -38,7 +38,7 @@ def test_step_is_one_rpc_for_all_environments(mock_ue: MockFactory) -> None:
         obs, infos = env.reset(seed=3)
         assert len(obs) == 4 and all(o["agent_0"].dtype == np.float32 for o in obs)
         assert infos == [{"agent_0": {}}] * 4
-        obs, rewards, terms, truncs, _ = env.step([{"agent_0": np.int64(1)}] * 4)
+        _, rewards, terms, _, _ = env.step([{"agent_0": np.int64(1)}] * 4)
         assert rewards == [{"agent_0": 1.0}] * 4
         assert terms == [{"agent_0": False, "__all__": False}] * 4
         assert server.stats.steps == 1 and server.stats.env_steps == 4
@@ -99,22 +99,40 @@ def _agent0(state: pb.State, env: int) -> pb.AgentState:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda s: setattr(_agent0(s, 1), "reward", float("nan")),
-         "environment 1 agent 'agent_0' reward is NaN"),
-        (lambda s: s.training_state.environment_states.pop(),
-         "reply has 1 environments, expected 2"),
-        (lambda s: _agent0(s, 1).observations.box_point.values.pop(),
-         "environment 1 agent 'agent_0' observations: expected 4 values"),
-        (lambda s: s.training_state.environment_states[0].agent_states["intruder"].CopyFrom(
-            _agent0(s, 0)),
-         "environment 0: unknown agent 'intruder'"),
+        (
+            lambda s: setattr(_agent0(s, 1), "reward", float("nan")),
+            "environment 1 agent 'agent_0' reward is NaN",
+        ),
+        (
+            lambda s: s.training_state.environment_states.pop(),
+            "reply has 1 environments, expected 2",
+        ),
+        (
+            lambda s: _agent0(s, 1).observations.box_point.values.pop(),
+            "environment 1 agent 'agent_0' observations: expected 4 values",
+        ),
+        (
+            lambda s: (
+                s.training_state.environment_states[0]
+                .agent_states["intruder"]
+                .CopyFrom(_agent0(s, 0))
+            ),
+            "environment 0: unknown agent 'intruder'",
+        ),
         (lambda s: s.ClearField("training_state"), "reply has no training_state"),
     ],
-    ids=["nan_reward", "environment_count", "observation_shape", "unknown_agent",
-         "missing_training_state"],
+    ids=[
+        "nan_reward",
+        "environment_count",
+        "observation_shape",
+        "unknown_agent",
+        "missing_training_state",
+    ],
 )
 def test_invalid_replies_are_reported_with_environment_agent_and_field(
-    mock_ue: MockFactory, mutate: Callable[[pb.State], None], message: str,
+    mock_ue: MockFactory,
+    mutate: Callable[[pb.State], None],
+    message: str,
 ) -> None:
     server = mock_ue(num_envs=2, on_reply=_tamper(mutate))
     env = _env(server)

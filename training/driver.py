@@ -33,6 +33,8 @@ class TrainOptions(BaseModel):
     # Totals, counted across resumes: `--iterations 6 --resume` after 4 runs 2 more.
     iterations: int | None = Field(default=None, ge=1)
     timesteps: int | None = Field(default=None, ge=1)
+    # Also stop once the episode return mean reaches this (e.g. a solved env).
+    stop_return: float | None = None
     run_dir: Path
     checkpoint_dir: Path
     checkpoint_every: int = Field(default=5, ge=1)
@@ -76,7 +78,9 @@ def _done(options: TrainOptions, rows: list[metrics.IterationRow]) -> bool:
     last = rows[-1]
     if options.iterations is not None and last.iteration >= options.iterations:
         return True
-    return options.timesteps is not None and last.env_steps_total >= options.timesteps
+    if options.timesteps is not None and last.env_steps_total >= options.timesteps:
+        return True
+    return options.stop_return is not None and last.episode_return_mean >= options.stop_return
 
 
 def run_training(

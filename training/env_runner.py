@@ -10,7 +10,7 @@ only builds it when `num_env_runners == 0` or `create_env_on_local_worker`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from ray.rllib.callbacks.utils import make_callback
@@ -18,7 +18,9 @@ from ray.rllib.env.env_context import EnvContext
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
 from infra.endpoints import worker_endpoint
-from training.protocol.client import TLSConfig
+
+if TYPE_CHECKING:
+    from training.protocol.client import TLSConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ class UEConnection(BaseModel):
         return worker_endpoint(self.url_template, self.port, self.port_offset_mode, worker_index)
 
     def tls(self) -> TLSConfig | None:
+        from training.protocol.client import TLSConfig  # grpc: only where envs are built
+
         if not (self.tls_ca_path or self.tls_cert_path or self.tls_key_path):
             return None
         return TLSConfig(self.tls_ca_path, self.tls_cert_path, self.tls_key_path)
@@ -74,6 +78,9 @@ class UEEnvRunner(MultiAgentEnvRunner):
     """
 
     def make_env(self) -> None:
+        from training.protocol.grpc_tuning import apply_low_latency_defaults
+
+        apply_low_latency_defaults()  # no-op if grpc is already loaded in this worker
         from training.ue_env import UEVectorEnv  # grpc only where envs are built
 
         if self.env is not None:

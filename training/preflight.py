@@ -216,6 +216,35 @@ def check_resources(endpoints: Endpoints, rooms: list[NodeRoom]) -> list[str]:
     return placed
 
 
+def check_discovery(endpoints: Endpoints, *, timeout_s: float) -> None:
+    """The discovery game answers gRPC, asked from where discovery will ask it.
+
+    Sidecar: the endpoint (localhost) only means something on a worker node, so
+    the check runs as a Ray task there, pinned by a sliver of the custom resource.
+    """
+    what = "discovery endpoint"
+    if endpoints.pattern == "networked":
+        grpc_ready(endpoints.discovery_endpoint, timeout_s=timeout_s, what=what)
+        return
+    import ray
+
+    task = ray.remote(grpc_ready).options(
+        num_cpus=0, resources={endpoints.custom_resource: 0.001}, max_retries=0
+    )
+    ref = task.remote(endpoints.discovery_endpoint, timeout_s=timeout_s, what=what)
+    try:
+        ray.get(ref, timeout=timeout_s + 30)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        raise PreflightError(
+            f"{what} check on a node with {endpoints.custom_resource!r} did not finish "
+            f"within {timeout_s + 30:.0f}s"
+        ) from None
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if isinstance(exc.cause, PreflightError) else exc
+        raise PreflightError(f"{cause} (checked from a worker node)") from None
+
+
 def preflight(
     endpoints: Endpoints, *, timeout_s: float = 30.0, ray_address: str | None = None
 ) -> PreflightReport:
@@ -230,7 +259,7 @@ def preflight(
     rooms = node_rooms(endpoints.custom_resource)
     placement = check_resources(endpoints, rooms)
     remaining = max(1.0, timeout_s - (time.monotonic() - start))
-    grpc_ready(endpoints.discovery_endpoint, timeout_s=remaining, what="discovery endpoint")
+    check_discovery(endpoints, timeout_s=remaining)
     return PreflightReport(
         ray_address=address,
         nodes=rooms,

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training import checkpoints
 from training import hparams as hp
 from training.driver import DEFAULT_ITERATIONS, TrainOptions, TrainResult
 
@@ -21,6 +22,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         help=f"stop at this many iterations in total (default {DEFAULT_ITERATIONS})",
     )
     stop.add_argument("--timesteps", type=int, help="stop at this many env steps in total")
+    group.add_argument(
+        "--stop-return", type=float, metavar="R", help="also stop once the return mean reaches R"
+    )
     group.add_argument(
         "--run-dir",
         type=Path,
@@ -80,12 +84,16 @@ def options_from_args(
     args: argparse.Namespace, *, name: str, extra: dict[str, Any] | None = None
 ) -> TrainOptions:
     run_dir = args.run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    checkpoint_dir = args.checkpoint_dir or run_dir / "checkpoints"
+    if args.resume is not None:
+        checkpoints.resolve(args.resume, checkpoint_dir)  # fail before starting anything
     return TrainOptions(
         algo=args.algo,
         iterations=args.iterations,
         timesteps=args.timesteps,
+        stop_return=args.stop_return,
         run_dir=run_dir,
-        checkpoint_dir=args.checkpoint_dir or run_dir / "checkpoints",
+        checkpoint_dir=checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
         hparams=merged_hparams(args),

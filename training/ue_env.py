@@ -43,10 +43,10 @@ class UESubEnv(MultiAgentEnv):
         self.action_spaces = {a: s.action_space for a, s in game.agents.items()}
         self.agent_types = {a: s.agent_type for a, s in game.agents.items()}
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):  # noqa: ANN201
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
         raise NotImplementedError("reset the UEVectorEnv: one RPC resets all environments")
 
-    def step(self, action_dict: dict):  # noqa: ANN201
+    def step(self, action_dict: dict):
         raise NotImplementedError("step the UEVectorEnv: one RPC steps all environments")
 
 
@@ -138,13 +138,21 @@ class UEVectorEnv(VectorMultiAgentEnv):
             raise ValueError(f"{len(actions)} action dicts for {n} environments")
         update = pb.StateUpdate()
         env_steps = update.step.environments
-        spaces = self.single_action_spaces
+        # Gather each agent's actions across environments, then encode them as one batch.
+        points: dict[str, list[pb.Point]] = {aid: [] for aid in self.possible_agents}
+        values: dict[str, list[Any]] = {aid: [] for aid in self.possible_agents}
         for i, agent_actions in enumerate(actions):
             updates = env_steps.add().updates
             for aid, action in agent_actions.items():
-                if aid not in spaces:
+                if aid not in points:
                     raise ValueError(f"environment {i}: action for unknown agent {aid!r}")
-                codec.value_to_point(spaces[aid], action, updates[aid], f"action of {aid!r}")
+                points[aid].append(updates[aid])
+                values[aid].append(action)
+        for aid, agent_points in points.items():
+            if agent_points:
+                space = self.single_action_spaces[aid]
+                batch = codec.stack_values(space, values[aid])
+                codec.batch_to_points(space, batch, agent_points, f"action of {aid!r}")
         state = self.client.step(update)
         return self._decode_step(state)
 
@@ -163,60 +171,79 @@ class UEVectorEnv(VectorMultiAgentEnv):
             raise UEProtocolError(
                 self.endpoint, op, f"reply has {len(env_states)} environments, expected {n}"
             )
-        obs_spaces = self.single_observation_spaces
-        observations, rewards, terminateds, truncateds, infos = [], [], [], [], []
+        observations: list[dict[str, Any]] = [{} for _ in range(n)]
+        rewards: list[dict[str, float]] = [{} for _ in range(n)]
+        terminateds: list[dict[str, bool]] = [{} for _ in range(n)]
+        truncateds: list[dict[str, bool]] = [{} for _ in range(n)]
+        infos: list[dict[str, dict[str, str]]] = [{} for _ in range(n)]
+        # Group agent states by agent so each agent's observations decode as one batch.
+        where: dict[str, list[int]] = {aid: [] for aid in self.possible_agents}
+        states: dict[str, list[pb.AgentState]] = {aid: [] for aid in self.possible_agents}
         for i, env_state in enumerate(env_states):
-            obs: dict[str, Any] = {}
-            rew: dict[str, float] = {}
-            term: dict[str, bool] = {}
-            trunc: dict[str, bool] = {}
-            info: dict[str, dict[str, str]] = {}
             for aid, st in env_state.agent_states.items():
-                space = obs_spaces.get(aid)
-                if space is None:
+                if aid not in where:
                     raise UEProtocolError(
                         self.endpoint, op, f"environment {i}: unknown agent {aid!r}"
                     )
+                where[aid].append(i)
+                states[aid].append(st)
+        for aid, indices in where.items():
+            if not indices:
+                continue
+            sts = states[aid]
+            obs = self._decode_observations(aid, indices, [st.observations for st in sts], op)
+            reward = np.fromiter((st.reward for st in sts), np.float32, count=len(sts))
+            if np.isnan(reward).any():
+                bad = indices[int(np.flatnonzero(np.isnan(reward))[0])]
+                raise UEProtocolError(
+                    self.endpoint, op, f"environment {bad} agent {aid!r} reward is NaN"
+                )
+            for k, (i, st) in enumerate(zip(indices, sts, strict=True)):
+                observations[i][aid] = obs[k]
+                rewards[i][aid] = float(reward[k])
+                terminateds[i][aid] = st.terminated
+                truncateds[i][aid] = st.truncated
+                infos[i][aid] = dict(st.info) if st.info else {}
+        for i in range(n):
+            obs_i, term, trunc = observations[i], terminateds[i], truncateds[i]
+            if self._restarting[i]:
+                # NEXT_STEP: this is the environment's reset observation.
+                self._restarting[i] = False
+                self._seen[i] = set(obs_i)
+                self._done[i] = set()
+                rewards[i] = dict.fromkeys(obs_i, 0.0)
+                terminateds[i] = term = dict.fromkeys(obs_i, False)
+                truncateds[i] = trunc = dict.fromkeys(obs_i, False)
+                term[ALL] = trunc[ALL] = False
+                continue
+            seen, done = self._seen[i], self._done[i]
+            seen.update(obs_i)
+            done.update(a for a in obs_i if term[a] or trunc[a])
+            finished = bool(seen) and done >= seen
+            ended_by_termination = finished and not any(trunc.values())
+            term[ALL] = ended_by_termination
+            trunc[ALL] = finished and not ended_by_termination
+            if finished:
+                self._restarting[i] = True
+        return observations, rewards, terminateds, truncateds, infos
+
+    def _decode_observations(
+        self, aid: str, indices: list[int], points: list[pb.Point], op: str
+    ) -> list[Any]:
+        space = self.single_observation_spaces[aid]
+        try:
+            batch = codec.points_to_batch(space, points)
+        except codec.CodecError:
+            # Slow path, errors only: find which environment sent the bad point.
+            for i, point in zip(indices, points, strict=True):
                 try:
-                    obs[aid] = codec.point_to_value(space, st.observations)
+                    codec.point_to_value(space, point)
                 except codec.CodecError as exc:
                     raise UEProtocolError(
                         self.endpoint, op, f"environment {i} agent {aid!r} observations: {exc}"
                     ) from None
-                reward = st.reward
-                if reward != reward:  # NaN
-                    raise UEProtocolError(
-                        self.endpoint, op, f"environment {i} agent {aid!r} reward is NaN"
-                    )
-                rew[aid] = reward
-                term[aid] = st.terminated
-                trunc[aid] = st.truncated
-                info[aid] = dict(st.info)
-            if self._restarting[i]:
-                # NEXT_STEP: this is the environment's reset observation.
-                self._restarting[i] = False
-                self._seen[i] = set(obs)
-                self._done[i] = set()
-                rew = dict.fromkeys(obs, 0.0)
-                term = dict.fromkeys(obs, False)
-                trunc = dict.fromkeys(obs, False)
-                term[ALL] = trunc[ALL] = False
-            else:
-                seen, done = self._seen[i], self._done[i]
-                seen.update(obs)
-                done.update(a for a in obs if term[a] or trunc[a])
-                finished = bool(seen) and done >= seen
-                ended_by_termination = finished and not any(trunc.values())
-                term[ALL] = ended_by_termination
-                trunc[ALL] = finished and not ended_by_termination
-                if finished:
-                    self._restarting[i] = True
-            observations.append(obs)
-            rewards.append(rew)
-            terminateds.append(term)
-            truncateds.append(trunc)
-            infos.append(info)
-        return observations, rewards, terminateds, truncateds, infos
+            raise
+        return codec.batch_rows(space, batch, len(points))
 
     def _decode_initial(
         self, agent_states: Mapping[str, pb.InitialAgentState], i: int, op: str

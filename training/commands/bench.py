@@ -171,6 +171,9 @@ def run(env_id: str = "CartPole-v1", num_envs: int = 16, seconds: float = 5.0) -
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from training.protocol.grpc_tuning import apply_low_latency_defaults
+
+    apply_low_latency_defaults()  # as the mock server and the env runners do
     result = run(args.env, args.envs, args.seconds)
     if args.json:
         data = asdict(result) | {

@@ -25,16 +25,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="CartPole-v1 (default), Pendulum-v1, uerl/TwoTeams-v0 or any gymnasium id",
     )
     parser.add_argument("--stats-file", type=Path, help="write session/step counters here on exit")
+    parser.add_argument("--tls-cert", help="serve TLS with this certificate (PEM), with --tls-key")
+    parser.add_argument("--tls-key", help="private key (PEM) for --tls-cert")
     parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from training.protocol.grpc_tuning import apply_low_latency_defaults
+
+    apply_low_latency_defaults()  # before grpc loads
     from training.mock_ue import MockUEServer  # grpc/gymnasium only when actually serving
 
-    server = MockUEServer(args.host, args.port, args.env, args.envs, step_delay_s=args.step_delay)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("mock-ue: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
     try:
+        server = MockUEServer(
+            args.host,
+            args.port,
+            args.env,
+            args.envs,
+            step_delay_s=args.step_delay,
+            tls_cert_path=args.tls_cert,
+            tls_key_path=args.tls_key,
+        )
         port = server.start()
     except (OSError, ValueError) as exc:
         print(f"mock-ue: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""A mock Schola game: GymService over gymnasium environments, for tests, benchmarks and dev clusters."""
+"""A mock Schola game: GymService over gymnasium envs, for tests, benchmarks, dev clusters."""
 
 from training.mock_ue.scenarios import SCENARIOS, TWO_TEAMS, AgentSlot, Scenario, scenario_for
 from training.mock_ue.server import MockStats, MockUEServer

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -212,13 +213,13 @@ class _GymServicer(pb_grpc.GymServiceServicer):
     def __init__(self, server: MockUEServer) -> None:
         self._server = server
 
-    def StartGymConnector(self, request, context):  # noqa: N802, ANN001, ANN201
+    def StartGymConnector(self, request, context):
         return self._server._handle(context, self._server._start, request)
 
-    def RequestTrainingDefinition(self, request, context):  # noqa: N802, ANN001, ANN201
+    def RequestTrainingDefinition(self, request, context):
         return self._server._handle(context, self._server._definition, request)
 
-    def UpdateState(self, request, context):  # noqa: N802, ANN001, ANN201
+    def UpdateState(self, request, context):
         return self._server._handle(context, self._server._update, request)
 
 
@@ -235,6 +236,8 @@ class MockUEServer:
         step_delay_s: float = 0.0,
         max_workers: int = 4,
         on_reply: Callable[[pb.StateUpdate, pb.State], None] | None = None,
+        tls_cert_path: str | None = None,
+        tls_key_path: str | None = None,
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
@@ -253,6 +256,8 @@ class MockUEServer:
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
         self._max_workers = max_workers
+        # Serve TLS (server-authenticated) when both PEM paths are given.
+        self._tls = (tls_cert_path, tls_key_path) if tls_cert_path and tls_key_path else None
         self.port: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -267,7 +272,11 @@ class MockUEServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = f"{self.host}:{self.requested_port}"
         try:
-            port = server.add_insecure_port(address)
+            if self._tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                cert, key = (Path(p).read_bytes() for p in self._tls)
+                port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
         except RuntimeError as exc:
             raise OSError(f"mock-ue cannot bind {address}: {exc}") from exc
         if port == 0:
@@ -306,7 +315,7 @@ class MockUEServer:
 
     # ------------------------------------------------------------------ handlers
 
-    def _handle(self, context: grpc.ServicerContext, handler, request):  # noqa: ANN001, ANN202
+    def _handle(self, context: grpc.ServicerContext, handler, request):
         try:
             # One session, strictly serialised: a game steps one request at a time.
             with self._lock:

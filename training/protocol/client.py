@@ -191,9 +191,9 @@ class GymClient:
         operation: str,
         method,
         request,
-        timeout_s: float,  # noqa: ANN001
+        timeout_s: float,
         wait_for_ready: bool = False,
-    ):  # noqa: ANN202
+    ):
         try:
             return method(request, timeout=timeout_s, wait_for_ready=wait_for_ready)
         except grpc.RpcError as exc:

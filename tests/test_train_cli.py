@@ -1,0 +1,93 @@
+"""`uerl train` and `uerl local` inputs: clear messages and exit codes, no hang, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from local_runs import PROJECT_ROOT
+
+from infra.endpoints import EndpointsError
+from infra.topology import Topology
+from training import procs
+from training.endpoints_source import load_endpoints
+
+
+def uerl(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "training.cli", *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def test_train_without_endpoints_says_how_to_provide_them(tmp_path: Path) -> None:
+    with pytest.raises(EndpointsError, match="pass --endpoints FILE") as info:
+        load_endpoints(None, head_path=tmp_path / "absent.json")
+    assert "pulumi stack output endpoints --json" in str(info.value)
+
+
+def test_train_reads_the_head_configmap_when_no_file_is_given(tmp_path: Path) -> None:
+    mounted = tmp_path / "endpoints.json"
+    mounted.write_text(Topology().endpoints().to_json())
+    assert load_endpoints(None, head_path=mounted) == Topology().endpoints()
+
+
+def test_train_accepts_a_whole_pulumi_stack_output(tmp_path: Path) -> None:
+    whole = tmp_path / "stack.json"
+    whole.write_text('{"endpoints": ' + Topology().endpoints().to_json() + ', "other": 1}')
+    assert load_endpoints(whole) == Topology().endpoints()
+
+
+def test_train_with_an_invalid_endpoints_file_exits_2_naming_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "endpoints.json"
+    bad.write_text('{"schema_version": 1, "port": 0}')
+    result = uerl("train", "--endpoints", str(bad))
+    assert result.returncode == 2
+    assert f"{bad} is not a valid endpoints object" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_train_against_an_unreachable_cluster_exits_1_quickly(tmp_path: Path) -> None:
+    dead = f"127.0.0.2:{procs.free_port('127.0.0.2')}"
+    endpoints = (
+        Topology()
+        .endpoints()
+        .model_copy(
+            update={"ray": Topology().endpoints().ray.model_copy(update={"gcs_address": dead})}
+        )
+    )
+    path = tmp_path / "endpoints.json"
+    path.write_text(endpoints.to_json())
+    start = time.monotonic()
+    result = uerl(
+        "train", "--endpoints", str(path), "--run-dir", str(tmp_path), "--preflight-timeout", "3"
+    )
+    assert result.returncode == 1
+    assert f"Ray GCS {dead} is unreachable within 3s" in result.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_unknown_hyperparameter_exits_2_naming_it_and_its_source(tmp_path: Path) -> None:
+    hp = tmp_path / "hp.yaml"
+    hp.write_text("lr: 0.001\nclip_parm: 0.1\n")
+    result = uerl("local", "--hparams", str(hp), "--run-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert f"{hp}: 'clip_parm' is not a PPO training option" in result.stderr
+
+
+def test_hyperparameter_of_the_wrong_type_exits_2(tmp_path: Path) -> None:
+    result = uerl("local", "--hp", "gamma=high", "--run-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "--hp: gamma must be a number, got 'high'" in result.stderr
+
+
+def test_local_with_an_invalid_topology_override_exits_2_naming_the_path(tmp_path: Path) -> None:
+    result = uerl("local", "--workers", "0", "--run-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "topology.workers.replicas" in result.stderr
