@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,7 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--envs", type=int, default=16, help="environments (default 16)")
     parser.add_argument("--env", default="CartPole-v1", help="single-agent gymnasium id")
-    parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="time per measurement (default 5)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="alternating slices per measurement (default 5)"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -54,36 +62,38 @@ def _actions(space: Any, num_envs: int, count: int, seed: int = 0) -> list[np.nd
     return [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(count)]
 
 
-def _timed(step: Any, actions: list[np.ndarray], seconds: float, num_envs: int) -> float:
-    """Call step(actions[k]) round-robin for `seconds`; return env-steps per second."""
-    for k in range(min(50, len(actions))):  # warm-up
-        step(actions[k])
+def _timed(step: Callable[[int], Any], count: int, seconds: float, num_envs: int) -> float:
+    """Call step(k) for k = 0, 1, ... (mod count) for `seconds`; return env-steps per second."""
     calls = 0
     start = time.perf_counter()
     deadline = start + seconds
     while True:
-        for batch in actions:
-            step(batch)
-        calls += len(actions)
+        for k in range(count):
+            step(k)
+        calls += count
         now = time.perf_counter()
         if now >= deadline:
             return calls * num_envs / (now - start)
 
 
-def bench_in_process(
-    env_id: str, num_envs: int, actions: list[np.ndarray], seconds: float
-) -> float:
+@contextmanager
+def in_process_stepper(
+    env_id: str, num_envs: int, actions: list[np.ndarray]
+) -> Iterator[Callable[[int], Any]]:
     import gymnasium as gym
 
     vec = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
     vec.reset(seed=0)
     try:
-        return _timed(vec.step, actions, seconds, num_envs)
+        yield lambda k: vec.step(actions[k])
     finally:
         vec.close()
 
 
-def bench_client(endpoint: str, num_envs: int, actions: list[np.ndarray], seconds: float) -> float:
+@contextmanager
+def client_stepper(
+    endpoint: str, num_envs: int, actions: list[np.ndarray]
+) -> Iterator[Callable[[int], Any]]:
     from training.discovery import game_spec_from_definition
     from training.protocol import spaces as codec
     from training.protocol._generated import schola_gym_pb2 as pb
@@ -95,31 +105,32 @@ def bench_client(endpoint: str, num_envs: int, actions: list[np.ndarray], second
         ((aid, spec),) = game.agents.items()
         client.reset(dict.fromkeys(range(num_envs)))
 
-        def step(batch: np.ndarray) -> None:
+        def step(k: int) -> None:
             update = pb.StateUpdate()
             envs = update.step.environments
-            codec.batch_to_points(
-                spec.action_space, batch, [envs.add().updates[aid] for _ in range(num_envs)]
-            )
+            points = [envs.add().updates[aid] for _ in range(num_envs)]
+            codec.batch_to_points(spec.action_space, actions[k], points)
             states = client.step(update).training_state.environment_states
             agents = [s.agent_states[aid] for s in states]
             codec.points_to_batch(spec.observation_space, [a.observations for a in agents])
             np.fromiter((a.reward for a in agents), np.float32, count=num_envs)
 
-        return _timed(step, actions, seconds, num_envs)
+        yield step
 
 
-def bench_vector_env(
-    endpoint: str, num_envs: int, actions: list[np.ndarray], seconds: float
-) -> float:
+@contextmanager
+def vector_env_stepper(
+    endpoint: str, num_envs: int, actions: list[np.ndarray]
+) -> Iterator[Callable[[int], Any]]:
     from training.ue_env import UEVectorEnv
 
     env = UEVectorEnv(endpoint, startup_timeout_s=30)
     try:
         (aid,) = env.possible_agents
         env.reset(seed=0)
+        # RLlib hands the env one {agent: action} dict per environment.
         per_env = [[{aid: a} for a in batch] for batch in actions]
-        return _timed(env.step, per_env, seconds, num_envs)  # type: ignore[arg-type]
+        yield lambda k: env.step(per_env[k])
     finally:
         env.close()
 
@@ -152,21 +163,40 @@ def start_mock(env_id: str, num_envs: int) -> tuple[subprocess.Popen[str], str]:
     return proc, address
 
 
-def run(env_id: str = "CartPole-v1", num_envs: int = 16, seconds: float = 5.0) -> BenchResult:
+def run(
+    env_id: str = "CartPole-v1", num_envs: int = 16, seconds: float = 5.0, rounds: int = 5
+) -> BenchResult:
+    """Alternate short slices of the three measurements so that all see the same machine
+    load (other processes share the CPUs); report the median slice of each."""
     import gymnasium as gym
 
     probe = gym.make(env_id)
     actions = _actions(probe.action_space, num_envs, 256)
     probe.close()
-    in_process = bench_in_process(env_id, num_envs, actions, seconds)
-    proc, address = start_mock(env_id, num_envs)
+    rates: dict[str, list[float]] = {"in_process": [], "client": [], "vector_env": []}
+    procs = []
     try:
-        client = bench_client(address, num_envs, actions, seconds)
-        vector_env = bench_vector_env(address, num_envs, actions, seconds)
+        with ExitStack() as stack:
+            for _ in range(2):  # one mock game per client: a game serves one session
+                procs.append(start_mock(env_id, num_envs))
+            steppers = {
+                "in_process": stack.enter_context(in_process_stepper(env_id, num_envs, actions)),
+                "client": stack.enter_context(client_stepper(procs[0][1], num_envs, actions)),
+                "vector_env": stack.enter_context(
+                    vector_env_stepper(procs[1][1], num_envs, actions)
+                ),
+            }
+            for step in steppers.values():  # warm-up
+                _timed(step, 50, 0.0, num_envs)
+            for _ in range(rounds):
+                for name, step in steppers.items():
+                    rates[name].append(_timed(step, len(actions), seconds / rounds, num_envs))
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-    return BenchResult(env_id, num_envs, in_process, client, vector_env)
+        for proc, _ in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+    med = {name: statistics.median(values) for name, values in rates.items()}
+    return BenchResult(env_id, num_envs, med["in_process"], med["client"], med["vector_env"])
 
 
 def main(argv: list[str]) -> int:
@@ -174,7 +204,7 @@ def main(argv: list[str]) -> int:
     from training.protocol.grpc_tuning import apply_low_latency_defaults
 
     apply_low_latency_defaults()  # as the mock server and the env runners do
-    result = run(args.env, args.envs, args.seconds)
+    result = run(args.env, args.envs, args.seconds, args.rounds)
     if args.json:
         data = asdict(result) | {
             "client_ratio": result.client_ratio,
