@@ -19,7 +19,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Literal
 
 from training import procs
@@ -80,7 +79,7 @@ def node_specs(
     return specs
 
 
-class LocalRayCluster:
+class LocalRayCluster(procs.StartedGroup):
     """Context manager: start the nodes, wait until the GCS lists them all, stop them all.
 
     `address` is the GCS address for `ray.init(address=..., _node_ip_address=NODE_IP)`.
@@ -111,22 +110,6 @@ class LocalRayCluster:
         return f"{NODE_IP}:{self.port}"
 
     # -- lifecycle -------------------------------------------------------------
-
-    def __enter__(self) -> LocalRayCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         self.temp_dir.mkdir(parents=True, exist_ok=False)

@@ -15,7 +15,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from training import procs
@@ -41,7 +40,7 @@ class MockGame:
         return f"{HOST}:{self.port}"
 
 
-class LocalMockGames:
+class LocalMockGames(procs.StartedGroup):
     """Context manager: start the games, wait for each ready line, stop them, read stats."""
 
     def __init__(
@@ -76,22 +75,6 @@ class LocalMockGames:
     @property
     def discovery_game(self) -> MockGame | None:
         return next((g for g in self.games if g.name == "ue-disc"), None)
-
-    def __enter__(self) -> LocalMockGames:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,11 @@ import math
 import socket
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from infra.endpoints import Endpoints
+from training.on_worker_node import WorkerNodeTaskError, run_on_worker_node
 
 _EPS = 1e-9
 
@@ -226,21 +228,14 @@ def check_discovery(endpoints: Endpoints, *, timeout_s: float) -> None:
     if endpoints.pattern == "networked":
         grpc_ready(endpoints.discovery_endpoint, timeout_s=timeout_s, what=what)
         return
-    import ray
-
-    task = ray.remote(grpc_ready).options(
-        num_cpus=0, resources={endpoints.custom_resource: 0.001}, max_retries=0
-    )
-    ref = task.remote(endpoints.discovery_endpoint, timeout_s=timeout_s, what=what)
     try:
-        ray.get(ref, timeout=timeout_s + 30)
-    except ray.exceptions.GetTimeoutError:
-        ray.cancel(ref, force=True)
-        raise PreflightError(
-            f"{what} check on a node with {endpoints.custom_resource!r} did not finish "
-            f"within {timeout_s + 30:.0f}s"
-        ) from None
-    except ray.exceptions.RayTaskError as exc:
+        run_on_worker_node(
+            partial(grpc_ready, endpoints.discovery_endpoint, timeout_s=timeout_s, what=what),
+            resource=endpoints.custom_resource,
+            timeout_s=timeout_s,
+            what=f"{what} check",
+        )
+    except WorkerNodeTaskError as exc:
         cause = exc.cause if isinstance(exc.cause, PreflightError) else exc
         raise PreflightError(f"{cause} (checked from a worker node)") from None
 

@@ -16,8 +16,11 @@ import signal
 import socket
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 import psutil
 
@@ -162,3 +165,29 @@ def tail(path: Path, lines: int = 20) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+class StartedGroup(ABC):
+    """A set of processes used as a context manager: a failed start stops what it began."""
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
