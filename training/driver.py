@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,7 +125,7 @@ def run_training(
             f"x ({endpoints.resources.cpus_per_learner:g} CPU, "
             f"{endpoints.resources.gpus_per_learner:g} GPU)"
         )
-        algo = config.build_algo()
+        algo = _build_algo(config, log)
         try:
             result = _loop(algo, options, stop, log)
         finally:
@@ -134,6 +135,28 @@ def run_training(
     result.csv_path, result.png_path = _write_artefacts(options, result.rows)
     result.wall_s = time.monotonic() - started
     return result
+
+
+def _no_env_runner_started(exc: BaseException) -> bool:
+    """RLlib's failure when every remote env runner died before it ran.
+
+    Seen rarely on a heavily loaded machine: Ray cancels the env-runner actors'
+    creation, RLlib logs it, then fails inferring spaces from no runner at all.
+    Nothing else was built by then (learners come later), so building again is safe.
+    """
+    tb = exc.__traceback__
+    frames = [f.name for f, _ in traceback.walk_tb(tb)]
+    return isinstance(exc, IndexError) and "get_spaces" in frames
+
+
+def _build_algo(config: Any, log: Log) -> Any:
+    try:
+        return config.build_algo()
+    except Exception as exc:
+        if not _no_env_runner_started(exc):
+            raise
+    log("no env runner started (Ray cancelled their creation); building the algorithm again")
+    return config.build_algo()
 
 
 def _loop(algo: Any, options: TrainOptions, stop: StopRequest, log: Log) -> TrainResult:
