@@ -145,7 +145,7 @@ def _no_env_runner_started(exc: BaseException) -> bool:
     Nothing else was built by then (learners come later), so building again is safe.
     """
     tb = exc.__traceback__
-    frames = [f.name for f, _ in traceback.walk_tb(tb)]
+    frames = [frame.f_code.co_name for frame, _ in traceback.walk_tb(tb)]
     return isinstance(exc, IndexError) and "get_spaces" in frames
 
 
