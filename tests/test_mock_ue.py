@@ -8,12 +8,16 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
+import gymnasium as gym
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from training.mock_ue import MockUEServer, scenario_for
+from training.mock_ue import MockUEServer, scenario_for, wire
+from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol._generated import schola_gym_pb2_grpc as pb_grpc
 from training.protocol.client import GymClient
@@ -170,3 +174,61 @@ def test_mock_needs_neither_ray_nor_torch(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _message_state(
+    entries: list[dict[str, tuple[Any, float, bool, bool]]], spaces: dict
+) -> pb.State:
+    """The reference encoding: the same training state built as protobuf messages."""
+    state = pb.State()
+    state.training_state.SetInParent()
+    for env in entries:
+        env_state = state.training_state.environment_states.add()
+        for aid, (obs, reward, term, trunc) in env.items():
+            st = env_state.agent_states[aid]
+            codec.value_to_point(spaces[aid], obs, st.observations)
+            st.reward, st.terminated, st.truncated = reward, term, trunc
+    return state
+
+
+@pytest.mark.parametrize(
+    "spaces",
+    [
+        {"a": gym.spaces.Box(-1.0, 1.0, (4,), np.float32)},
+        {"a": gym.spaces.Box(0, 255, (3, 50), np.uint8), "b": gym.spaces.Discrete(3)},
+        {"a": gym.spaces.Box(-1.0, 1.0, (2,), np.float64), "b": gym.spaces.Discrete(5)},
+    ],
+)
+def test_hand_encoded_replies_parse_as_the_message_built_state(spaces: dict) -> None:
+    rng = np.random.default_rng(0)
+    n = 5
+    encoders = [wire.AgentEntryEncoder(aid, space) for aid, space in spaces.items()]
+    values = {
+        aid: (
+            [space.sample() for _ in range(n)],
+            rng.normal(size=n).astype(np.float32).tolist(),
+            rng.random(n) < 0.5,
+            rng.random(n) < 0.5,
+        )
+        for aid, space in spaces.items()
+    }
+    # Every agent everywhere: the whole-reply template when all layouts are fixed.
+    everywhere = [
+        {aid: (v[0][i], v[1][i], bool(v[2][i]), bool(v[3][i])) for aid, v in values.items()}
+        for i in range(n)
+    ]
+    if all(e.fixed for e in encoders):
+        full = wire.FullReply(encoders, n)
+        for k, v in enumerate(values.values()):
+            full.set(k, np.stack(v[0]), *v[1:])
+        assert pb.State.FromString(full.tobytes()) == _message_state(everywhere, spaces)
+    # Agents in some environments only: per-entry encoding.
+    where = {aid: [i for i in range(n) if (i + k) % 2] for k, aid in enumerate(spaces)}
+    parts: list[list[bytes]] = [[] for _ in range(n)]
+    for enc in encoders:
+        idx, v = where[enc.agent_id], values[enc.agent_id]
+        rows = enc.encode([v[0][i] for i in idx], *([x[i] for i in idx] for x in v[1:]))
+        for i, entry in zip(idx, rows, strict=True):
+            parts[i].append(entry)
+    some = [{aid: e[aid] for aid in spaces if i in where[aid]} for i, e in enumerate(everywhere)]
+    assert pb.State.FromString(wire.training_state(n, parts)) == _message_state(some, spaces)

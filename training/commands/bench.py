@@ -5,19 +5,25 @@ figures for the same N environments and the same pre-drawn random actions:
   in-process  gymnasium sync vector env, no networking at all;
   GymClient   batched codec straight on the protocol messages;
   UEVectorEnv the RLlib vector env (per-environment agent dicts), what training uses.
+
+Wall-clock rates depend on whatever else runs on the machine, so each figure also
+comes with the CPU time one step of all N environments costs the client process
+and the mock game process (user + system, all threads), which varies far less.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +36,12 @@ class BenchResult:
     in_process_steps_per_s: float
     client_steps_per_s: float
     vector_env_steps_per_s: float
+    # CPU microseconds per step of all `num_envs` environments (None: not measurable here).
+    in_process_cpu_us: float | None = None
+    client_cpu_us: float | None = None
+    client_server_cpu_us: float | None = None
+    vector_env_cpu_us: float | None = None
+    vector_env_server_cpu_us: float | None = None
 
     @property
     def client_ratio(self) -> float:
@@ -62,9 +74,42 @@ def _actions(space: Any, num_envs: int, count: int, seed: int = 0) -> list[np.nd
     return [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(count)]
 
 
-def _timed(step: Callable[[int], Any], count: int, seconds: float, num_envs: int) -> float:
-    """Call step(k) for k = 0, 1, ... (mod count) for `seconds`; return env-steps per second."""
+def process_cpu_s(pid: int | None = None) -> float | None:
+    """User + system CPU seconds of a process (all threads); this one if pid is None."""
+    if pid is None:
+        return time.process_time()
+    try:  # Linux; fields 14 and 15 after the parenthesised command name
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class _Tally:
+    """Accumulated over all timed slices of one stepper."""
+
+    rates: list[float] = field(default_factory=list)
+    calls: int = 0
+    cpu_s: float = 0.0
+    server_cpu_s: float | None = 0.0
+
+    def cpu_us(self, seconds: float | None) -> float | None:
+        return None if seconds is None or not self.calls else seconds / self.calls * 1e6
+
+
+def _timed(
+    step: Callable[[int], Any],
+    count: int,
+    seconds: float,
+    num_envs: int,
+    tally: _Tally | None = None,
+    server_pid: int | None = None,
+) -> float:
+    """Call step(k) for k = 0, 1, ... (mod count) for `seconds`; return env-steps per second.
+    With a tally, add the calls and the CPU time of this process (and of the server) to it."""
     calls = 0
+    cpu0, server0 = process_cpu_s(), process_cpu_s(server_pid) if server_pid else None
     start = time.perf_counter()
     deadline = start + seconds
     while True:
@@ -73,7 +118,16 @@ def _timed(step: Callable[[int], Any], count: int, seconds: float, num_envs: int
         calls += count
         now = time.perf_counter()
         if now >= deadline:
-            return calls * num_envs / (now - start)
+            break
+    if tally is not None:
+        tally.calls += calls
+        tally.cpu_s += time.process_time() - cpu0
+        server1 = process_cpu_s(server_pid) if server_pid else None
+        if server0 is None or server1 is None or tally.server_cpu_s is None:
+            tally.server_cpu_s = None
+        else:
+            tally.server_cpu_s += server1 - server0
+    return calls * num_envs / (now - start)
 
 
 @contextmanager
@@ -167,13 +221,14 @@ def run(
     env_id: str = "CartPole-v1", num_envs: int = 16, seconds: float = 5.0, rounds: int = 5
 ) -> BenchResult:
     """Alternate short slices of the three measurements so that all see the same machine
-    load (other processes share the CPUs); report the median slice of each."""
+    load (other processes share the CPUs); report the median slice of each, and the CPU
+    time per step over all slices."""
     import gymnasium as gym
 
     probe = gym.make(env_id)
     actions = _actions(probe.action_space, num_envs, 256)
     probe.close()
-    rates: dict[str, list[float]] = {"in_process": [], "client": [], "vector_env": []}
+    tallies = {"in_process": _Tally(), "client": _Tally(), "vector_env": _Tally()}
     procs = []
     try:
         with ExitStack() as stack:
@@ -186,17 +241,45 @@ def run(
                     vector_env_stepper(procs[1][1], num_envs, actions)
                 ),
             }
+            server_pids = {"in_process": None, "client": procs[0][0].pid}
+            server_pids["vector_env"] = procs[1][0].pid
             for step in steppers.values():  # warm-up
                 _timed(step, 50, 0.0, num_envs)
             for _ in range(rounds):
                 for name, step in steppers.items():
-                    rates[name].append(_timed(step, len(actions), seconds / rounds, num_envs))
+                    tally = tallies[name]
+                    rate = _timed(
+                        step, len(actions), seconds / rounds, num_envs, tally, server_pids[name]
+                    )
+                    tally.rates.append(rate)
     finally:
         for proc, _ in procs:
             proc.terminate()
             proc.wait(timeout=10)
-    med = {name: statistics.median(values) for name, values in rates.items()}
-    return BenchResult(env_id, num_envs, med["in_process"], med["client"], med["vector_env"])
+    med = {name: statistics.median(t.rates) for name, t in tallies.items()}
+    local, client, vector = tallies["in_process"], tallies["client"], tallies["vector_env"]
+    return BenchResult(
+        env_id,
+        num_envs,
+        med["in_process"],
+        med["client"],
+        med["vector_env"],
+        in_process_cpu_us=local.cpu_us(local.cpu_s),
+        client_cpu_us=client.cpu_us(client.cpu_s),
+        client_server_cpu_us=client.cpu_us(client.server_cpu_s),
+        vector_env_cpu_us=vector.cpu_us(vector.cpu_s),
+        vector_env_server_cpu_us=vector.cpu_us(vector.server_cpu_s),
+    )
+
+
+def _cpu(client_us: float | None, server_us: float | None = None) -> str:
+    def us(value: float | None) -> str:
+        return "   n/a" if value is None else f"{value:6.0f}"
+
+    text = f"  CPU/step: client {us(client_us)} us"
+    if server_us is not None:
+        text += f" + mock-ue {us(server_us)} us"
+    return text
 
 
 def main(argv: list[str]) -> int:
@@ -213,18 +296,22 @@ def main(argv: list[str]) -> int:
         print(json.dumps(data, indent=2))
         return 0
     label = f"{result.env} x{result.num_envs}"
+    # One line per path; CPU/step = CPU time per step of all N environments.
     print(
         f"in-process  gymnasium sync vector env  {label}: "
-        f"{result.in_process_steps_per_s:>9,.0f} env-steps/s"
+        f"{result.in_process_steps_per_s:>9,.0f} env-steps/s                    "
+        + _cpu(result.in_process_cpu_us)
     )
     print(
         f"gRPC        GymClient -> mock-ue       {label}: "
         f"{result.client_steps_per_s:>9,.0f} env-steps/s  "
         f"({result.client_ratio:.2f}x in-process)"
+        + _cpu(result.client_cpu_us, result.client_server_cpu_us)
     )
     print(
         f"gRPC        UEVectorEnv -> mock-ue     {label}: "
         f"{result.vector_env_steps_per_s:>9,.0f} env-steps/s  "
         f"({result.vector_env_ratio:.2f}x in-process)"
+        + _cpu(result.vector_env_cpu_us, result.vector_env_server_cpu_us)
     )
     return 0

@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from training.mock_ue import wire
 from training.mock_ue.scenarios import Scenario, scenario_for
 from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
@@ -78,8 +79,16 @@ class _Session:
         first = {s.agent_id: self.envs[s.agent_id][0] for s in self.slots}
         self.obs_spaces = {aid: env.observation_space for aid, env in first.items()}
         self.act_spaces = {aid: env.action_space for aid, env in first.items()}
-        self.alive = {s.agent_id: np.zeros(num_envs, np.bool_) for s in self.slots}
-        self.needs_reset = np.ones(num_envs, np.bool_)
+        self.encoders = [
+            wire.AgentEntryEncoder(s.agent_id, self.obs_spaces[s.agent_id]) for s in self.slots
+        ]
+        # Whole-reply template when every agent's entry has a fixed layout.
+        self.full_reply = (
+            wire.FullReply(self.encoders, num_envs) if all(e.fixed for e in self.encoders) else None
+        )
+        # Plain lists: per-step bookkeeping over a few dozen flags is cheaper without numpy.
+        self.alive = {s.agent_id: [False] * num_envs for s in self.slots}
+        self.needs_reset = [True] * num_envs
 
     def close(self) -> None:
         for envs in self.envs.values():
@@ -108,104 +117,141 @@ class _Session:
         if not indices:
             return
         states = [out.environment_states[i].agent_states for i in indices]
+        for aid, obs in self._reset_envs(indices, seeds).items():
+            points = [st[aid].observations for st in states]
+            codec.batch_to_points(self.obs_spaces[aid], np.stack(obs), points)
+
+    def _reset_envs(self, indices: list[int], seeds: list[int | None]) -> dict[str, list[Any]]:
+        """Reset every agent of the given environments; their first observations."""
+        out = {}
         for k, slot in enumerate(self.slots):
-            aid, envs = slot.agent_id, self.envs[slot.agent_id]
+            aid, envs, alive = slot.agent_id, self.envs[slot.agent_id], self.alive[slot.agent_id]
             # Distinct seeds per agent of one environment, reproducible per environment.
-            obs = [
+            out[aid] = [
                 envs[i].reset(seed=None if s is None else s * 131 + k)[0]
                 for i, s in zip(indices, seeds, strict=True)
             ]
-            points = [st[aid].observations for st in states]
-            codec.batch_to_points(self.obs_spaces[aid], np.stack(obs), points)
-            self.alive[aid][indices] = True
-        self.needs_reset[indices] = False
+            for i in indices:
+                alive[i] = True
+        for i in indices:
+            self.needs_reset[i] = False
+        return out
 
     # -------------------------------------------------------------- step
 
-    def step(self, request: pb.Step, state: pb.State) -> int:
+    def step(self, request: pb.Step) -> tuple[bytes, int]:
+        """Step all environments; returns the `State` reply as wire bytes and the env-steps."""
         n = self.num_envs
-        if len(request.environments) != n:
+        env_msgs = request.environments
+        if len(env_msgs) != n:
             raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"step has {len(request.environments)} environments, game hosts {n}",
+                f"step has {len(env_msgs)} environments, game hosts {n}",
             )
-        restart = self.needs_reset.copy()
-        if self.autoreset == pb.DISABLED and restart.any():
-            first = int(np.flatnonzero(restart)[0])
+        restart = self.needs_reset
+        restart_idx = [i for i in range(n) if restart[i]]
+        if restart_idx and self.autoreset == pb.DISABLED:
             raise _Abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"environment {first} is done and autoreset is DISABLED: send a reset",
+                f"environment {restart_idx[0]} is done and autoreset is DISABLED: send a reset",
             )
-        state.training_state.SetInParent()
-        env_states = state.training_state.environment_states
-        agent_states = [env_states.add().agent_states for _ in range(n)]
-        stepped = ~restart
-        done_any = np.zeros(n, np.bool_)
-        alive_after = {}
+        # Per agent: the environments it acted in and what they returned.
+        results: list[tuple[list[int], list[Any], list[float], list[bool], list[bool]]] = []
         for slot in self.slots:
-            aid = slot.agent_id
-            acting = np.flatnonzero(self.alive[aid] & stepped)
-            alive_after[aid] = self.alive[aid].copy()
-            if acting.size == 0:
-                continue
-            actions = self._actions(request, aid, acting)
-            envs = self.envs[aid]
-            obs, rewards, terms, truncs = [], [], [], []
-            for i, action in zip(acting.tolist(), actions, strict=True):
-                o, r, te, tr, _ = envs[i].step(action)
-                obs.append(o)
-                rewards.append(r)
-                terms.append(te)
-                truncs.append(tr)
-            sts = [agent_states[i][aid] for i in acting.tolist()]
-            codec.batch_to_points(
-                self.obs_spaces[aid], np.stack(obs), [s.observations for s in sts]
-            )
-            for st, r, te, tr in zip(sts, rewards, terms, truncs, strict=True):
-                st.reward = r
-                st.terminated = te
-                st.truncated = tr
-            ended = np.logical_or(terms, truncs)
-            alive_after[aid][acting[ended]] = False
-        for aid, alive in alive_after.items():
-            self.alive[aid] = alive
-        done = stepped & ~np.logical_or.reduce([self.alive[s.agent_id] for s in self.slots])
-        done_any |= done
-
-        # NEXT_STEP: environments that finished last step restart now, ignoring actions.
-        restart_idx = np.flatnonzero(restart).tolist()
-        if restart_idx:
-            initial = pb.InitialState()
-            self._reset_into(restart_idx, [None] * len(restart_idx), initial)
-            for i in restart_idx:
-                for aid, init in initial.environment_states[i].agent_states.items():
-                    agent_states[i][aid].observations.CopyFrom(init.observations)
-                    agent_states[i][aid].reward = 0.0
-        done_idx = np.flatnonzero(done_any).tolist()
+            aid, alive = slot.agent_id, self.alive[slot.agent_id]
+            acting = [i for i in range(n) if alive[i] and not restart[i]]
+            obs: list[Any] = []
+            rewards: list[float] = []
+            terms: list[bool] = []
+            truncs: list[bool] = []
+            if acting:
+                envs = self.envs[aid]
+                for i, action in zip(acting, self._actions(env_msgs, aid, acting), strict=True):
+                    o, r, te, tr, _ = envs[i].step(action)
+                    obs.append(o)
+                    rewards.append(r)
+                    terms.append(te)
+                    truncs.append(tr)
+                    if te or tr:
+                        alive[i] = False
+            results.append((acting, obs, rewards, terms, truncs))
+        alives = list(self.alive.values())
+        done_idx = [i for i in range(n) if not restart[i] and not any(alive[i] for alive in alives)]
+        # NEXT_STEP: environments that finished last step restart now, ignoring actions;
+        # they answer every agent's first observation with reward 0, not done.
+        restart_obs = self._reset_envs(restart_idx, [None] * len(restart_idx))
+        reply = self._encode(results, restart_idx, restart_obs)
         if self.autoreset == pb.SAME_STEP:
             # Reset at once; the new first observations go beside the terminal ones.
-            self._reset_into(done_idx, [None] * len(done_idx), state.initial_state)
+            if done_idx:
+                initial = pb.State()
+                initial.initial_state.SetInParent()
+                self._reset_into(done_idx, [None] * len(done_idx), initial.initial_state)
+                reply += initial.SerializeToString()
         else:
-            self.needs_reset[done_idx] = True
-        return int(stepped.sum())
+            for i in done_idx:
+                self.needs_reset[i] = True
+        return reply, n - len(restart_idx)
 
-    def _actions(self, request: pb.Step, aid: str, acting: np.ndarray) -> list[Any]:
+    def _encode(
+        self,
+        results: list[tuple[list[int], list[Any], list[float], list[bool], list[bool]]],
+        restart_idx: list[int],
+        restart_obs: dict[str, list[Any]],
+    ) -> bytes:
+        n = self.num_envs
+        if restart_idx:
+            # Merge each agent's restarted environments (reward 0, not done) in index order.
+            k = len(restart_idx)
+            merged = []
+            for slot, (acting, obs, rewards, terms, truncs) in zip(
+                self.slots, results, strict=True
+            ):
+                rows = sorted(
+                    zip(
+                        acting + restart_idx,
+                        obs + restart_obs[slot.agent_id],
+                        rewards + [0.0] * k,
+                        terms + [False] * k,
+                        truncs + [False] * k,
+                        strict=True,
+                    ),
+                    key=lambda row: row[0],
+                )
+                merged.append(tuple(map(list, zip(*rows, strict=True))) if rows else ([],) * 5)
+            results = merged
+        full = self.full_reply
+        if full is not None and all(len(r[0]) == n for r in results):
+            for k, (_, obs, rewards, terms, truncs) in enumerate(results):
+                full.set(k, obs, rewards, terms, truncs)
+            return full.tobytes()
+        entries: list[list[bytes]] = [[] for _ in range(n)]
+        for encoder, (idx, obs, rewards, terms, truncs) in zip(self.encoders, results, strict=True):
+            if idx:
+                for i, entry in zip(idx, encoder.encode(obs, rewards, terms, truncs), strict=True):
+                    entries[i].append(entry)
+        return wire.training_state(n, entries)
+
+    def _actions(self, env_msgs: Any, aid: str, acting: list[int]) -> list[Any]:
         points = []
-        for i in acting.tolist():
-            updates = request.environments[i].updates
-            if aid not in updates:
+        for i in acting:
+            point = env_msgs[i].updates.get(aid)
+            if point is None:
                 raise _Abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"environment {i}: no action for agent {aid!r}",
                 )
-            points.append(updates[aid])
+            points.append(point)
         space = self.act_spaces[aid]
+        if isinstance(space, gym.spaces.Discrete) and all(
+            p.WhichOneof("point") == "discrete_point" for p in points
+        ):
+            # Plain ints, no numpy round trip: gymnasium's Discrete.contains is fastest on them.
+            return [p.discrete_point.value for p in points]
         try:
             batch = codec.points_to_batch(space, points, f"action of {aid!r}")
         except codec.CodecError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
-        if isinstance(space, gym.spaces.Discrete):
-            return batch.tolist()  # plain ints: gymnasium's Discrete.contains is fastest on them
         return list(batch)
 
 
@@ -221,6 +267,34 @@ class _GymServicer(pb_grpc.GymServiceServicer):
 
     def UpdateState(self, request, context):
         return self._server._handle(context, self._server._update, request)
+
+
+def _serialize_state(state: pb.State | bytes) -> bytes:
+    # Step replies are pre-encoded wire bytes (see wire.py); the rest are messages.
+    return state if isinstance(state, bytes) else state.SerializeToString()
+
+
+def _add_servicer(servicer: _GymServicer, server: grpc.Server) -> None:
+    """The generated registration, except that UpdateState may answer raw bytes."""
+    handlers = {
+        "StartGymConnector": grpc.unary_unary_rpc_method_handler(
+            servicer.StartGymConnector,
+            request_deserializer=pb.GymConnectorStartRequest.FromString,
+            response_serializer=pb.GymConnectorStartResponse.SerializeToString,
+        ),
+        "RequestTrainingDefinition": grpc.unary_unary_rpc_method_handler(
+            servicer.RequestTrainingDefinition,
+            request_deserializer=pb.TrainingDefinitionRequest.FromString,
+            response_serializer=pb.TrainingDefinition.SerializeToString,
+        ),
+        "UpdateState": grpc.unary_unary_rpc_method_handler(
+            servicer.UpdateState,
+            request_deserializer=pb.StateUpdate.FromString,
+            response_serializer=_serialize_state,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 class MockUEServer:
@@ -267,7 +341,7 @@ class MockUEServer:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers), options=SERVER_OPTIONS
         )
-        pb_grpc.add_GymServiceServicer_to_server(_GymServicer(self), server)
+        _add_servicer(_GymServicer(self), server)
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         address = f"{self.host}:{self.requested_port}"
@@ -352,7 +426,7 @@ class MockUEServer:
     def _definition(self, _request: pb.TrainingDefinitionRequest) -> pb.TrainingDefinition:
         return self._definition_msg
 
-    def _update(self, request: pb.StateUpdate) -> pb.State:
+    def _update(self, request: pb.StateUpdate) -> pb.State | bytes:
         kind = request.WhichOneof("update")
         if kind is None and request.status == pb.CLOSED:
             if self._session is not None:
@@ -365,16 +439,20 @@ class MockUEServer:
             raise _Abort(
                 grpc.StatusCode.FAILED_PRECONDITION, "no session: call StartGymConnector first"
             )
-        state = pb.State()
         if kind == "reset":
+            state = pb.State()
             state.initial_state.SetInParent()
             session.reset(request.reset, state.initial_state)
             self._stats.resets += 1
         elif kind == "step":
             if self.step_delay_s:
                 time.sleep(self.step_delay_s)
-            self._stats.env_steps += session.step(request.step, state)
+            reply, env_steps = session.step(request.step)
+            self._stats.env_steps += env_steps
             self._stats.steps += 1
+            if self.on_reply is None:
+                return reply  # already wire bytes: the hot path skips message objects
+            state = pb.State.FromString(reply)
         else:
             raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
