@@ -34,11 +34,7 @@ def test_empty_config_gives_the_documented_defaults() -> None:
 
 
 def test_default_ray_version_is_the_installed_ray() -> None:
-    try:
-        installed = importlib.metadata.version("ray")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("ray is not installed")
-    assert Topology().ray.version == installed
+    assert Topology().ray.version == importlib.metadata.version("ray")
 
 
 def test_default_ray_image_follows_the_ray_version() -> None:

@@ -44,10 +44,14 @@ class UESubEnv(MultiAgentEnv):
         self.agent_types = {a: s.agent_type for a, s in game.agents.items()}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        raise NotImplementedError("reset the UEVectorEnv: one RPC resets all environments")
+        raise RuntimeError(
+            "UESubEnv only describes spaces: reset the UEVectorEnv (one RPC resets all)"
+        )
 
     def step(self, action_dict: dict):
-        raise NotImplementedError("step the UEVectorEnv: one RPC steps all environments")
+        raise RuntimeError(
+            "UESubEnv only describes spaces: step the UEVectorEnv (one RPC steps all)"
+        )
 
 
 class UEVectorEnv(VectorMultiAgentEnv):
