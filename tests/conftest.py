@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment() -> Iterator[None]:
+    """Each test starts from the same environment variables.
+
+    An in-process `ray.init(address="local")` sets e.g. RAY_AUTH_MODE=token in
+    os.environ; later subprocesses (`uerl local`) would inherit it.
+    """
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture

@@ -53,19 +53,22 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, *, timeout_s: float)
     raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
 
 
-def start(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+def start(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         uerl_local_argv(run_dir, *args),
         cwd=PROJECT_ROOT,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
 
 
-def run_local(run_dir: Path, *args: str, timeout_s: float = 300) -> LocalRun:
+def run_local(
+    run_dir: Path, *args: str, timeout_s: float = 300, env: dict[str, str] | None = None
+) -> LocalRun:
     started = time.monotonic()
-    proc = start(run_dir, *args)
+    proc = start(run_dir, *args, env=env)
     with TreeSampler(proc.pid) as sampler:
         try:
             output, _ = proc.communicate(timeout=timeout_s)

@@ -33,6 +33,34 @@ OBJECT_STORE_BYTES = 200 * 1024 * 1024
 NodeRole = Literal["head", "learner", "worker"]
 
 
+# Set for every node, and for this process by `start()`: it is the cluster's driver,
+# and a driver whose auth mode differs from its cluster's gets its actors cancelled
+# before they run (an inherited RAY_AUTH_MODE=token does exactly that).
+NODE_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    # No drain wait on SIGTERM: nothing to migrate on a local cluster.
+    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    # Loopback-only and short-lived: no token auth. Explicit, because an unset
+    # mode turns auth on whenever ~/.ray/auth_token exists.
+    "RAY_AUTH_MODE": "disabled",
+    # Never pick up an address from the environment: nodes join ours.
+    "RAY_ADDRESS": "",
+}
+DRIVER_ENV_KEYS = ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")
+
+
+def _drive_with_node_settings() -> None:
+    """This process drives the cluster: its Ray settings must match the nodes'."""
+    for key in DRIVER_ENV_KEYS:
+        os.environ[key] = NODE_ENV[key]
+    if "ray" in sys.modules:
+        # Ray caches its config when imported; refresh it as Ray itself does when
+        # it changes the auth mode (ray._private.authentication).
+        from ray._raylet import Config
+
+        Config.initialize("")
+
+
 class LocalClusterError(RuntimeError):
     """The local cluster could not be started; the message says which node and why."""
 
@@ -112,6 +140,7 @@ class LocalRayCluster(procs.StartedGroup):
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
+        _drive_with_node_settings()
         self.temp_dir.mkdir(parents=True, exist_ok=False)
         self.port = procs.free_port(NODE_IP)
         self.client_port = procs.free_port(NODE_IP)
@@ -178,17 +207,7 @@ class LocalRayCluster(procs.StartedGroup):
         return argv
 
     def _launch(self, spec: NodeSpec) -> None:
-        env = dict(os.environ)
-        env.update(
-            RAY_USAGE_STATS_ENABLED="0",
-            # No drain wait on SIGTERM: nothing to migrate on a local cluster.
-            RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",
-            # Loopback-only and short-lived: no token auth. Explicit, because an
-            # unset mode turns auth on whenever ~/.ray/auth_token exists.
-            RAY_AUTH_MODE="disabled",
-            # Never pick up an address from the environment: nodes join ours.
-            RAY_ADDRESS="",
-        )
+        env = {**os.environ, **NODE_ENV}
         log = self.log_dir / f"{spec.name}.log"
         self._nodes.append(_Node(spec, procs.spawn(self._argv(spec), log_path=log, env=env), log))
 
