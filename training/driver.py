@@ -125,7 +125,7 @@ def run_training(
             f"x ({endpoints.resources.cpus_per_learner:g} CPU, "
             f"{endpoints.resources.gpus_per_learner:g} GPU)"
         )
-        algo = _build_algo(config, log)
+        algo = _build_algo(config, endpoints.num_env_runners)
         try:
             result = _loop(algo, options, stop, log)
         finally:
@@ -137,26 +137,28 @@ def run_training(
     return result
 
 
-def _no_env_runner_started(exc: BaseException) -> bool:
-    """RLlib's failure when every remote env runner died before it ran.
+class EnvRunnersDidNotStart(RuntimeError):
+    """Every remote env runner died before it ran; RLlib itself fails obscurely then."""
 
-    Seen rarely on a heavily loaded machine: Ray cancels the env-runner actors'
-    creation, RLlib logs it, then fails inferring spaces from no runner at all.
-    Nothing else was built by then (learners come later), so building again is safe.
-    """
-    tb = exc.__traceback__
-    frames = [frame.f_code.co_name for frame, _ in traceback.walk_tb(tb)]
+
+def _no_env_runner_started(exc: BaseException) -> bool:
+    """RLlib's failure when every remote env runner died before it ran: it logs the
+    actors' deaths, then fails inferring spaces from no runner at all."""
+    frames = [frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)]
     return isinstance(exc, IndexError) and "get_spaces" in frames
 
 
-def _build_algo(config: Any, log: Log) -> Any:
+def _build_algo(config: Any, num_env_runners: int) -> Any:
     try:
         return config.build_algo()
     except Exception as exc:
-        if not _no_env_runner_started(exc):
-            raise
-    log("no env runner started (Ray cancelled their creation); building the algorithm again")
-    return config.build_algo()
+        if _no_env_runner_started(exc):
+            raise EnvRunnersDidNotStart(
+                f"none of the {num_env_runners} env runner(s) started: Ray cancelled or "
+                "killed their actors (see the errors above). Check that this driver's "
+                "RAY_AUTH_MODE matches the cluster's and that the worker nodes are alive."
+            ) from exc
+        raise
 
 
 def _loop(algo: Any, options: TrainOptions, stop: StopRequest, log: Log) -> TrainResult:

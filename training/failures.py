@@ -7,6 +7,7 @@ from pathlib import Path
 
 from infra.endpoints import EndpointsError
 from training.checkpoints import CheckpointError
+from training.driver import EnvRunnersDidNotStart
 from training.game_discovery import DiscoveryError
 from training.hparams import HyperparameterError
 from training.preflight import PreflightError
@@ -16,6 +17,7 @@ from training.protocol.errors import UEError
 USER_ERRORS: tuple[type[BaseException], ...] = (
     PreflightError,
     DiscoveryError,
+    EnvRunnersDidNotStart,
     CheckpointError,
     HyperparameterError,
     EndpointsError,
