@@ -14,8 +14,8 @@ import pytest
 def _restore_environment() -> Iterator[None]:
     """Each test starts from the same environment variables.
 
-    An in-process `ray.init(address="local")` sets e.g. RAY_AUTH_MODE=token in
-    os.environ; later subprocesses (`uerl local`) would inherit it.
+    An in-process `ray.init` may set e.g. RAY_AUTH_MODE in os.environ; later
+    subprocesses (`uerl local`) would inherit it.
     """
     saved = dict(os.environ)
     yield

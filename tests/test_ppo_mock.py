@@ -8,32 +8,33 @@ import pytest
 
 from training.discovery import discover
 from training.env_runner import UEConnection
+from training.local_cluster import NODE_IP, LocalRayCluster, node_specs
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.rllib_config import build_ppo_config
 
 
-@pytest.fixture
-def ray_local() -> Iterator[None]:
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """A real cluster of `ray start` raylets (head with no CPUs, two 1-CPU worker
+    nodes), with this process as its driver."""
     import ray
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.2",
-        log_to_driver=False,
+    specs = node_specs(
+        learners=0, learner_cpus=1, workers=2, worker_cpus=1, custom_resource="ue_worker"
     )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    with LocalRayCluster(specs) as cluster:
+        ray.init(address=cluster.address, _node_ip_address=NODE_IP, log_to_driver=False)
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["CartPole-v1", TWO_TEAMS])
 def test_ppo_trains_two_iterations_against_two_mock_games(
     mock_ue_row: Callable[..., list[MockUEServer]],
-    ray_local: None,
+    ray_cluster: None,
     env_id: str,
 ) -> None:
     servers = mock_ue_row(2, env_id, num_envs=4)
