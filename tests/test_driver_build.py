@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.driver import EnvRunnersDidNotStart, _build_algo
+from training.run.driver import EnvRunnersDidNotStart, _build_algo
 
 
 class _FailingConfig:

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from training.discovery import discover
-from training.env_runner import UEConnection, UEEnvRunner
 from training.mock_ue import TWO_TEAMS, MockUEServer
-from training.rllib_config import AgentTypeMapping, build_ppo_config
+from training.rllib.algorithm import AgentTypeMapping, build_ppo_config
+from training.rllib.env_runner import UEConnection, UEEnvRunner
+from training.run.discovery import discover
 
 MockFactory = Callable[..., MockUEServer]
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-from training import procs
-from training.local_cluster import (
+from training.local import processes
+from training.local.ray_cluster import (
     NODE_IP,
     LocalClusterError,
     LocalRayCluster,
@@ -92,7 +92,7 @@ def test_no_process_survives_the_context(cluster_nodes: tuple[list[dict], set[in
     nodes, pids = cluster_nodes
     # raylet + agents per node at least: the test saw the real trees.
     assert len(pids) >= 2 * len(nodes)
-    assert procs.alive(pids) == set()
+    assert processes.alive(pids) == set()
 
 
 def test_failed_node_start_raises_and_stops_the_nodes_already_started() -> None:
@@ -107,7 +107,7 @@ def test_failed_node_start_raises_and_stops_the_nodes_already_started() -> None:
 DRIVER = textwrap.dedent(
     """
     import json, sys, time
-    from training.local_cluster import LocalRayCluster, node_specs
+    from training.local.ray_cluster import LocalRayCluster, node_specs
     specs = node_specs(learners=0, learner_cpus=1, workers=1, worker_cpus=1,
                        custom_resource="ue_worker")
     cluster = LocalRayCluster(specs).__enter__()
@@ -126,13 +126,13 @@ def test_nodes_die_with_their_owner_when_it_is_killed() -> None:
         assert owner.stdout is not None
         pid_list, temp_dir = json.loads(owner.stdout.readline())
         pids = set(pid_list)
-        assert procs.alive(pids)
+        assert processes.alive(pids)
         os.kill(owner.pid, signal.SIGKILL)  # no chance to clean up
         owner.wait(timeout=10)
         deadline = time.monotonic() + 30
-        while procs.alive(pids) and time.monotonic() < deadline:
+        while processes.alive(pids) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert procs.alive(pids) == set()
+        assert processes.alive(pids) == set()
     finally:
         if owner.poll() is None:
             owner.kill()

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from infra.topology import Topology
-from training import procs
-from training.local_endpoints import local_endpoints
-from training.local_games import LocalGamesError, LocalMockGames
-from training.preflight import grpc_ready
+from training.local import processes
+from training.local.endpoints import local_endpoints
+from training.local.games import LocalGamesError, LocalMockGames
+from training.run.preflight import grpc_ready
 
 
 def test_games_listen_on_base_port_plus_worker_index_and_discovery_on_base(
@@ -32,7 +32,7 @@ def test_games_listen_on_base_port_plus_worker_index_and_discovery_on_base(
         for game in games.games:
             grpc_ready(game.endpoint, timeout_s=10, what=game.name)
         pids = games.pids()
-    assert pids and procs.alive(pids) == set()
+    assert pids and processes.alive(pids) == set()
 
 
 def test_stopped_games_report_their_stats(tmp_path: Path) -> None:

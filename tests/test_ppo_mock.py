@@ -6,11 +6,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from training.discovery import discover
-from training.env_runner import UEConnection
-from training.local_cluster import NODE_IP, LocalRayCluster, node_specs
+from training.local.ray_cluster import NODE_IP, LocalRayCluster, node_specs
 from training.mock_ue import TWO_TEAMS, MockUEServer
-from training.rllib_config import build_ppo_config
+from training.rllib.algorithm import build_ppo_config
+from training.rllib.env_runner import UEConnection
+from training.run.discovery import discover
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 from infra.endpoints import Endpoints, Resources
 from infra.topology import Topology
-from training import procs
-from training.local_cluster import LocalRayCluster, node_specs
-from training.local_endpoints import local_endpoints
-from training.preflight import PreflightError, preflight
+from training.local import processes
+from training.local.endpoints import local_endpoints
+from training.local.ray_cluster import LocalRayCluster, node_specs
+from training.run.preflight import PreflightError, preflight
 
 # Generous sanity bound: preflight must never hang; it answers in seconds.
 BOUND_S = 60.0
@@ -121,7 +121,7 @@ def test_learner_gpus_missing_fails(cluster: LocalRayCluster, game: str) -> None
 def test_unreachable_discovery_endpoint_fails_within_the_timeout(
     cluster: LocalRayCluster,
 ) -> None:
-    dead = f"127.0.0.1:{procs.free_port()}"
+    dead = f"127.0.0.1:{processes.free_port()}"
     message, elapsed = timed_failure(endpoints_for(cluster, dead), timeout_s=5)
     assert f"discovery endpoint {dead} is unreachable" in message
     assert elapsed < BOUND_S
@@ -130,7 +130,7 @@ def test_unreachable_discovery_endpoint_fails_within_the_timeout(
 def test_unreachable_networked_discovery_endpoint_fails_from_the_driver(
     cluster: LocalRayCluster,
 ) -> None:
-    dead = f"127.0.0.1:{procs.free_port()}"
+    dead = f"127.0.0.1:{processes.free_port()}"
     endpoints = endpoints_for(cluster, dead, pattern="networked")
     message, elapsed = timed_failure(endpoints, timeout_s=5)
     assert f"discovery endpoint {dead} is unreachable" in message
@@ -141,7 +141,7 @@ def test_unreachable_networked_discovery_endpoint_fails_from_the_driver(
 def test_sidecar_discovery_endpoint_is_checked_from_a_worker_node(
     cluster: LocalRayCluster,
 ) -> None:
-    dead = f"127.0.0.1:{procs.free_port()}"
+    dead = f"127.0.0.1:{processes.free_port()}"
     message, _ = timed_failure(endpoints_for(cluster, dead, pattern="sidecar"), timeout_s=5)
     assert message.endswith("(checked from a worker node)")
 
@@ -161,7 +161,7 @@ def test_discovery_endpoint_that_is_not_grpc_fails_within_the_timeout(
 
 def test_unreachable_ray_fails_without_hanging(game: str) -> None:
     topo = Topology.parse({})
-    dead = f"127.0.0.2:{procs.free_port('127.0.0.2')}"
+    dead = f"127.0.0.2:{processes.free_port('127.0.0.2')}"
     endpoints = local_endpoints(topo, gcs_address=dead, client_port=1, base_port=50000)
     message, elapsed = timed_failure(endpoints, timeout_s=3)
     assert f"Ray GCS {dead} is unreachable" in message

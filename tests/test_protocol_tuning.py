@@ -22,7 +22,7 @@ def _run(code: str, env_extra: dict[str, str] | None = None) -> str:
 
 
 def test_importing_the_env_runner_module_does_not_load_grpc() -> None:
-    code = "import sys, training.env_runner; print('grpc' in sys.modules)"
+    code = "import sys, training.rllib.env_runner; print('grpc' in sys.modules)"
     assert _run(code) == "False"
 
 

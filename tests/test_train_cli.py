@@ -12,8 +12,8 @@ from local_runs import PROJECT_ROOT
 
 from infra.endpoints import EndpointsError
 from infra.topology import Topology
-from training import procs
-from training.endpoints_source import load_endpoints
+from training.local import processes
+from training.run.endpoints_source import load_endpoints
 
 
 def uerl(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -54,7 +54,7 @@ def test_train_with_an_invalid_endpoints_file_exits_2_naming_the_field(tmp_path:
 
 
 def test_train_against_an_unreachable_cluster_exits_1_quickly(tmp_path: Path) -> None:
-    dead = f"127.0.0.2:{procs.free_port('127.0.0.2')}"
+    dead = f"127.0.0.2:{processes.free_port('127.0.0.2')}"
     endpoints = (
         Topology()
         .endpoints()

@@ -10,7 +10,7 @@ import pytest
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol.errors import UEProtocolError
-from training.ue_env import UEVectorEnv
+from training.rllib.vector_env import UEVectorEnv
 
 MockFactory = Callable[..., MockUEServer]
 

@@ -148,10 +148,10 @@ def in_process_stepper(
 def client_stepper(
     endpoint: str, num_envs: int, actions: list[np.ndarray]
 ) -> Iterator[Callable[[int], Any]]:
-    from training.discovery import game_spec_from_definition
     from training.protocol import spaces as codec
     from training.protocol._generated import schola_gym_pb2 as pb
     from training.protocol.client import GymClient
+    from training.protocol.game_spec import game_spec_from_definition
 
     with GymClient(endpoint, startup_timeout_s=30) as client:
         client.connect(pb.NEXT_STEP)
@@ -176,7 +176,7 @@ def client_stepper(
 def vector_env_stepper(
     endpoint: str, num_envs: int, actions: list[np.ndarray]
 ) -> Iterator[Callable[[int], Any]]:
-    from training.ue_env import UEVectorEnv
+    from training.rllib.vector_env import UEVectorEnv
 
     env = UEVectorEnv(endpoint, startup_timeout_s=30)
     try:

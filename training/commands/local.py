@@ -11,20 +11,11 @@ process if it is killed).
 from __future__ import annotations
 
 import argparse
-import atexit
-import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from training.train_args import add_training_args, options_from_args
-
-if TYPE_CHECKING:
-    from infra.topology import Topology
-    from training.driver import TrainOptions
-    from training.local_games import LocalMockGames
+from training.commands.training_options import add_training_args, options_from_args
 
 PROG = "uerl local"
 
@@ -71,9 +62,9 @@ def _topology_sets(args: argparse.Namespace) -> list[str]:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    from training.checkpoints import CheckpointError
-    from training.hparams import HyperparameterError
-    from training.stack_config import StackConfigError, load_topology
+    from training.local.topology import StackConfigError, load_topology
+    from training.rllib.hparams import HyperparameterError
+    from training.run.checkpoints import CheckpointError
 
     try:
         topology = load_topology(
@@ -87,87 +78,13 @@ def main(argv: Sequence[str]) -> int:
         return 2
     if topology.learners.gpus:
         print(f"{PROG}: no GPUs here: learners run on CPU (topology asks {topology.learners.gpus})")
-    return run_local(topology, options, args)
+    from training.local.session import run_local
 
-
-def run_local(topology: Topology, options: TrainOptions, args: argparse.Namespace) -> int:
-    from training.commands.train import train_and_report
-    from training.local_cluster import LocalClusterError, LocalRayCluster, node_specs
-    from training.local_endpoints import local_endpoints
-    from training.local_games import LocalGamesError, LocalMockGames
-    from training.stop import StopRequest
-
-    run_dir: Path = options.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cluster = LocalRayCluster(
-        node_specs(
-            learners=topology.learners.replicas,
-            learner_cpus=topology.learners.cpus,
-            workers=topology.workers.replicas,
-            worker_cpus=topology.workers.cpus,
-            custom_resource=topology.workers.custom_resource,
-        ),
-        log_dir=run_dir / "logs",
-    )
-    games = LocalMockGames(
-        workers=topology.workers.replicas,
+    return run_local(
+        topology,
+        options,
         env_id=args.env,
         envs_per_game=args.envs,
-        run_dir=run_dir / "games",
         base_port=args.base_port,
-        discovery_instance=topology.has_dedicated_discovery,
-        startup_timeout_s=min(topology.simulator.startup_timeout_s, 120.0),
+        prog=PROG,
     )
-    # Belt and braces: the `with` blocks stop everything, atexit covers sys.exit paths
-    # taken from elsewhere; both stops are idempotent.
-    atexit.register(games.stop)
-    atexit.register(cluster.stop)
-    started = time.monotonic()
-    code = 1
-    try:
-        with StopRequest() as stop:
-            print(
-                f"{PROG}: {topology.pattern}, {topology.workers.replicas} worker(s), "
-                f"{topology.learners.replicas} learner(s); logs in {run_dir}",
-                flush=True,
-            )
-            with games, cluster:
-                endpoints = local_endpoints(
-                    topology,
-                    gcs_address=cluster.address,
-                    client_port=cluster.client_port,
-                    base_port=games.base_port,
-                )
-                (run_dir / "endpoints.json").write_text(endpoints.to_json())
-                print(
-                    f"{PROG}: Ray at {cluster.address}, games "
-                    + ", ".join(f"{g.name}={g.endpoint}" for g in games.games)
-                    + f" (up in {time.monotonic() - started:.1f}s)",
-                    flush=True,
-                )
-                code = train_and_report(endpoints, options, stop=stop, prog=PROG)
-    except KeyboardInterrupt:
-        print(f"{PROG}: aborted; everything started was stopped", file=sys.stderr)
-        code = 130
-    except (LocalClusterError, LocalGamesError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        code = 1
-    finally:
-        atexit.unregister(cluster.stop)
-        atexit.unregister(games.stop)
-    _report_games(games, run_dir)
-    print(f"{PROG}: finished in {time.monotonic() - started:.1f}s (exit {code})", flush=True)
-    return code
-
-
-def _report_games(games: LocalMockGames, run_dir: Path) -> None:
-    """Per-game session and step counts: proof each env runner used its own game."""
-    if not games.stats:
-        return
-    (run_dir / "games.json").write_text(json.dumps(games.stats, indent=2, sort_keys=True))
-    for name, stats in sorted(games.stats.items()):
-        print(
-            f"  {name}: {stats.get('sessions_opened', 0)} session(s), "
-            f"{stats.get('steps', 0)} step RPCs, {stats.get('resets', 0)} resets",
-            flush=True,
-        )

@@ -10,12 +10,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from infra.endpoints import Endpoints, EndpointsError
-from training.checkpoints import CheckpointError
-from training.driver import TrainOptions, run_training
-from training.hparams import HyperparameterError
-from training.stop import StopRequest
-from training.train_args import add_training_args, options_from_args, summary
+from infra.endpoints import EndpointsError
+from training.commands.training_options import add_training_args, options_from_args
+from training.rllib.hparams import HyperparameterError
+from training.run.checkpoints import CheckpointError
+from training.run.stop import StopRequest
 
 PROG = "uerl train"
 
@@ -41,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    from training.endpoints_source import load_endpoints
+    from training.run.endpoints_source import load_endpoints
 
     try:
         endpoints = load_endpoints(args.endpoints)
@@ -51,26 +50,7 @@ def main(argv: Sequence[str]) -> int:
     except (EndpointsError, HyperparameterError, CheckpointError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    from training.run.outcome import train_and_report
+
     with StopRequest() as stop:
         return train_and_report(endpoints, options, stop=stop, prog=PROG)
-
-
-def train_and_report(
-    endpoints: Endpoints, options: TrainOptions, *, stop: StopRequest, prog: str
-) -> int:
-    """Run the training code path; failures become one clear message and an exit code."""
-    from training.failures import describe
-
-    try:
-        result = run_training(endpoints, options, stop=stop)
-    except KeyboardInterrupt:
-        print(f"{prog}: aborted by {stop.signal_name or 'KeyboardInterrupt'}", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        print(
-            f"{prog}: {describe(exc, traceback_file=options.run_dir / 'traceback.txt')}",
-            file=sys.stderr,
-        )
-        return 1
-    print(summary(result), flush=True)
-    return 130 if result.interrupted else 0

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training import checkpoints
-from training import hparams as hp
-from training.driver import DEFAULT_ITERATIONS, TrainOptions, TrainResult
+from training.rllib import hparams as hp
+from training.run import checkpoints
+from training.run.driver import DEFAULT_ITERATIONS, TrainOptions
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
@@ -102,20 +102,3 @@ def options_from_args(
         request_timeout_s=args.request_timeout,
         **(extra or {}),
     )
-
-
-def summary(result: TrainResult) -> str:
-    last = result.rows[-1] if result.rows else None
-    lines = [
-        f"{'interrupted' if result.interrupted else 'done'} in {result.wall_s:.1f}s: "
-        f"{len(result.rows)} iteration(s) recorded, {result.env_steps_total:,} env steps, "
-        f"best return mean {result.best_return:.1f}"
-        + (f", last {last.episode_return_mean:.1f}" if last else "")
-    ]
-    if result.checkpoint:
-        lines.append(f"  checkpoint:     {result.checkpoint}")
-    if result.csv_path:
-        lines.append(f"  metrics:        {result.csv_path}")
-    if result.png_path:
-        lines.append(f"  learning curve: {result.png_path}")
-    return "\n".join(lines)

@@ -4,7 +4,7 @@ Head (num-cpus 0, schedules nothing), X learner nodes and Y worker nodes each
 advertising one unit of the custom resource, all separate raylets on
 127.0.0.2. `ray start --block` stays in the foreground as the parent of its
 node's processes and stops them when it gets SIGTERM, so each node is one
-handle we own; see `training.procs` for how they are stopped by pid.
+handle we own; see `training.local.processes` for how they are stopped by pid.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from training import procs
+from training.local import processes
 
 NODE_IP = "127.0.0.2"
 # Keeps every Unix socket path (<temp>/<node>/session_<date>_<pid>/sockets/...)
@@ -107,7 +107,7 @@ def node_specs(
     return specs
 
 
-class LocalRayCluster(procs.StartedGroup):
+class LocalRayCluster(processes.StartedGroup):
     """Context manager: start the nodes, wait until the GCS lists them all, stop them all.
 
     `address` is the GCS address for `ray.init(address=..., _node_ip_address=NODE_IP)`.
@@ -142,8 +142,8 @@ class LocalRayCluster(procs.StartedGroup):
     def start(self) -> None:
         _drive_with_node_settings()
         self.temp_dir.mkdir(parents=True, exist_ok=False)
-        self.port = procs.free_port(NODE_IP)
-        self.client_port = procs.free_port(NODE_IP)
+        self.port = processes.free_port(NODE_IP)
+        self.client_port = processes.free_port(NODE_IP)
         deadline = time.monotonic() + self.start_timeout_s
         head, rest = self.specs[0], self.specs[1:]
         self._launch(head)
@@ -160,9 +160,11 @@ class LocalRayCluster(procs.StartedGroup):
         if self._stopped:
             return
         self._stopped = True
-        survivors = procs.terminate([n.proc for n in self._nodes[1:]], grace_s=self.stop_grace_s)
+        survivors = processes.terminate(
+            [n.proc for n in self._nodes[1:]], grace_s=self.stop_grace_s
+        )
         if self._nodes:
-            survivors |= procs.terminate([self._nodes[0].proc], grace_s=self.stop_grace_s)
+            survivors |= processes.terminate([self._nodes[0].proc], grace_s=self.stop_grace_s)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         if survivors:
             raise LocalClusterError(f"processes survived SIGKILL: {sorted(survivors)}")
@@ -171,7 +173,7 @@ class LocalRayCluster(procs.StartedGroup):
         """Every live process of every node (leaders, raylets, GCS, agents, workers)."""
         out: set[int] = set()
         for node in self._nodes:
-            out |= procs.tree(node.proc.pid) | procs.session_members(node.proc.pid)
+            out |= processes.tree(node.proc.pid) | processes.session_members(node.proc.pid)
         return out
 
     # -- internals -------------------------------------------------------------
@@ -209,7 +211,9 @@ class LocalRayCluster(procs.StartedGroup):
     def _launch(self, spec: NodeSpec) -> None:
         env = {**os.environ, **NODE_ENV}
         log = self.log_dir / f"{spec.name}.log"
-        self._nodes.append(_Node(spec, procs.spawn(self._argv(spec), log_path=log, env=env), log))
+        self._nodes.append(
+            _Node(spec, processes.spawn(self._argv(spec), log_path=log, env=env), log)
+        )
 
     def _wait_started(self, node: _Node, deadline: float) -> None:
         while True:
@@ -217,14 +221,14 @@ class LocalRayCluster(procs.StartedGroup):
                 raise LocalClusterError(
                     f"ray start for node {node.spec.name} exited with code "
                     f"{node.proc.returncode}; last log lines ({node.log}):\n"
-                    f"{procs.tail(node.log)}"
+                    f"{processes.tail(node.log)}"
                 )
             if "Ray runtime started" in node.log.read_text(errors="replace"):
                 return
             if time.monotonic() > deadline:
                 raise LocalClusterError(
                     f"node {node.spec.name} did not start within {self.start_timeout_s:.0f}s; "
-                    f"last log lines ({node.log}):\n{procs.tail(node.log)}"
+                    f"last log lines ({node.log}):\n{processes.tail(node.log)}"
                 )
             time.sleep(0.2)
 

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from infra.endpoints import Endpoints
-from training.on_worker_node import WorkerNodeTaskError, run_on_worker_node
+from training.run.on_worker_node import WorkerNodeTaskError, run_on_worker_node
 
 _EPS = 1e-9
 

@@ -1,8 +1,9 @@
-"""Discovery: connect to a game once, read its training definition, close.
+"""What a game hosts: its environments, agents, spaces and the policy layout.
 
-The result (`GameSpec`) is plain data: picklable (returned from Ray tasks) and
-JSON round-trippable (`uerl discover --json`), with the policy layout derived
-from agent types (agents of one type share a policy, as in Schola).
+`GameSpec` is plain data: picklable (returned from Ray tasks) and JSON
+round-trippable (`uerl discover --json`), with the policy layout derived from
+agent types (agents of one type share a policy, as in Schola).
+`game_spec_from_definition` builds it from a `TrainingDefinition` message.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 
 import gymnasium as gym
 
-from training.protocol.client import GymClient, TLSConfig
 from training.protocol.errors import UEProtocolError
 
 JSON_VERSION = 1
@@ -156,14 +156,3 @@ def game_spec_from_definition(definition: Any, endpoint: str) -> GameSpec:
                 "of that type; agents sharing a type share a policy and must share spaces",
             )
     return spec
-
-
-def discover(endpoint: str, *, timeout_s: float = 45.0, tls: TLSConfig | None = None) -> GameSpec:
-    """Connect, read the training definition, send CLOSED. Raises UEConnectionError on timeout."""
-    client = GymClient(endpoint, startup_timeout_s=timeout_s, request_timeout_s=timeout_s, tls=tls)
-    try:
-        client.connect()
-        definition = client.training_definition()
-    finally:
-        client.close()
-    return game_spec_from_definition(definition, endpoint)

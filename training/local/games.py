@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training import procs
+from training.local import processes
 
 HOST = "127.0.0.1"
 READY_PREFIX = "mock-ue listening on"
@@ -40,7 +40,7 @@ class MockGame:
         return f"{HOST}:{self.port}"
 
 
-class LocalMockGames(procs.StartedGroup):
+class LocalMockGames(processes.StartedGroup):
     """Context manager: start the games, wait for each ready line, stop them, read stats."""
 
     def __init__(
@@ -60,7 +60,7 @@ class LocalMockGames(procs.StartedGroup):
         self.env_id = env_id
         self.envs_per_game = envs_per_game
         self.run_dir = run_dir
-        self.base_port = base_port or procs.free_port_block(workers + 1)
+        self.base_port = base_port or processes.free_port_block(workers + 1)
         self.discovery_instance = discovery_instance
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
@@ -92,7 +92,7 @@ class LocalMockGames(procs.StartedGroup):
         if self._stopped:
             return self.stats
         self._stopped = True
-        survivors = procs.terminate([g.proc for g in self.games], grace_s=self.stop_grace_s)
+        survivors = processes.terminate([g.proc for g in self.games], grace_s=self.stop_grace_s)
         for game in self.games:
             try:
                 self.stats[game.name] = json.loads(game.stats_file.read_text())
@@ -105,7 +105,7 @@ class LocalMockGames(procs.StartedGroup):
     def pids(self) -> set[int]:
         out: set[int] = set()
         for game in self.games:
-            out |= procs.tree(game.proc.pid)
+            out |= processes.tree(game.proc.pid)
         return out
 
     def _launch(self, name: str, port: int) -> MockGame:
@@ -129,7 +129,7 @@ class LocalMockGames(procs.StartedGroup):
             str(stats),
             *self.extra_args,
         ]
-        proc = procs.spawn(argv, log_path=log)
+        proc = processes.spawn(argv, log_path=log)
         return MockGame(name, port, proc, log, stats)
 
     def _wait_ready(self, game: MockGame, deadline: float) -> None:
@@ -137,7 +137,8 @@ class LocalMockGames(procs.StartedGroup):
             if game.proc.poll() is not None:
                 raise LocalGamesError(
                     f"mock game {game.name} ({game.endpoint}) exited with code "
-                    f"{game.proc.returncode}; last log lines ({game.log}):\n{procs.tail(game.log)}"
+                    f"{game.proc.returncode}; last log lines ({game.log}):\n"
+                    f"{processes.tail(game.log)}"
                 )
             try:
                 if READY_PREFIX in game.log.read_text(errors="replace"):
@@ -148,6 +149,6 @@ class LocalMockGames(procs.StartedGroup):
                 raise LocalGamesError(
                     f"mock game {game.name} did not print '{READY_PREFIX} ...' within "
                     f"{self.startup_timeout_s:.0f}s; last log lines ({game.log}):\n"
-                    f"{procs.tail(game.log)}"
+                    f"{processes.tail(game.log)}"
                 )
             time.sleep(0.1)

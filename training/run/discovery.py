@@ -1,9 +1,9 @@
-"""Discovery as the deployment pattern needs it.
+"""Discovery: ask a game once for its training definition, as the deployment pattern needs.
 
 networked: the driver asks the discovery endpoint directly (a Service it can reach).
 sidecar: the game is only reachable from inside a worker pod (localhost), so a
 Ray task on a node with the custom resource asks its local game
-(`training.on_worker_node`).
+(`training.run.on_worker_node`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,20 @@ from __future__ import annotations
 from functools import partial
 
 from infra.endpoints import Endpoints
-from training.discovery import GameSpec, discover
-from training.on_worker_node import WorkerNodeTaskError, run_on_worker_node
+from training.protocol.client import GymClient, TLSConfig
+from training.protocol.game_spec import GameSpec, game_spec_from_definition
+from training.run.on_worker_node import WorkerNodeTaskError, run_on_worker_node
+
+
+def discover(endpoint: str, *, timeout_s: float = 45.0, tls: TLSConfig | None = None) -> GameSpec:
+    """Connect, read the training definition, send CLOSED. Raises UEConnectionError on timeout."""
+    client = GymClient(endpoint, startup_timeout_s=timeout_s, request_timeout_s=timeout_s, tls=tls)
+    try:
+        client.connect()
+        definition = client.training_definition()
+    finally:
+        client.close()
+    return game_spec_from_definition(definition, endpoint)
 
 
 class DiscoveryError(RuntimeError):

@@ -1,4 +1,11 @@
-"""PPO configuration (RLlib new API stack) for a discovered game: one policy per agent type."""
+"""The RLlib algorithm config: endpoints + discovered game + hyperparameters.
+
+`build_ppo_config` wires the env runners (one `UEEnvRunner` per game, each
+routed to its own game) and one policy per agent type. `build_algo_config`
+adds what the topology decides (env-runner CPUs, X learners with their
+CPUs/GPUs) and the algorithm choice: APPO and IMPALA reuse the same env runner,
+everything but PPO's own training settings is carried over.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
-from training.discovery import GameSpec
-from training.env_runner import ENV_CONFIG_KEY, UEConnection, UEEnvRunner
+from infra.endpoints import Endpoints
+from training.protocol.game_spec import GameSpec
+from training.rllib import hparams as hp
+from training.rllib.env_runner import ENV_CONFIG_KEY, UEConnection, UEEnvRunner
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.ppo import PPOConfig
@@ -101,4 +110,66 @@ def build_ppo_config(
     )
     if seed is not None:
         config = config.debugging(seed=seed)
+    return config
+
+
+def connection_for(endpoints: Endpoints, *, request_timeout_s: float = 60.0) -> UEConnection:
+    return UEConnection(
+        url_template=endpoints.worker_url_template,
+        port=endpoints.port,
+        port_offset_mode=endpoints.port_offset_mode,
+        startup_timeout_s=endpoints.simulator_startup_timeout_s,
+        request_timeout_s=request_timeout_s,
+    )
+
+
+def _switch_algo(config: Any, algo: hp.Algo) -> Any:
+    if algo == "PPO":
+        return config
+    from ray.rllib.algorithms.appo import APPOConfig
+    from ray.rllib.algorithms.impala import IMPALAConfig
+
+    cls = {"APPO": APPOConfig, "IMPALA": IMPALAConfig}[algo]
+    # PPO's training settings (all levels of its training()) stay behind: the
+    # target algorithm keeps its own defaults, then gets the hyperparameters.
+    skip = set(hp.training_options("PPO"))
+    carried = {k: v for k, v in config.to_dict().items() if k not in skip}
+    return cls().update_from_dict(carried)
+
+
+def build_algo_config(
+    endpoints: Endpoints,
+    game: GameSpec,
+    *,
+    algo: hp.Algo = "PPO",
+    hparams: dict[str, Any] | None = None,
+    seed: int | None = None,
+    request_timeout_s: float = 60.0,
+) -> Any:
+    """The AlgorithmConfig (PPO, APPO or IMPALA) to `build_algo()`."""
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    values = hparams if hparams is not None else hp.merge(algo)
+    training, model = hp.split(values)
+    res = endpoints.resources
+    config = build_ppo_config(
+        game,
+        connection_for(endpoints, request_timeout_s=request_timeout_s),
+        num_env_runners=endpoints.num_env_runners,
+        custom_resource=endpoints.custom_resource,
+        num_learners=endpoints.num_learners,
+        seed=seed,
+    )
+    config = _switch_algo(config, algo)
+    config = (
+        config.env_runners(num_cpus_per_env_runner=res.cpus_per_env_runner)
+        .learners(
+            num_learners=endpoints.num_learners,
+            num_cpus_per_learner=res.cpus_per_learner,
+            num_gpus_per_learner=res.gpus_per_learner,
+        )
+        .training(**training)
+    )
+    if model:
+        config = config.rl_module(model_config=DefaultModelConfig(**model))
     return config

@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.endpoints import Endpoints
-from training import checkpoints, metrics
-from training.hparams import Algo
-from training.stop import StopRequest
+from training.rllib.hparams import Algo
+from training.run import checkpoints, metrics
+from training.run.stop import StopRequest
 
 DEFAULT_ITERATIONS = 10
 CSV_NAME = "metrics.csv"
@@ -94,9 +94,9 @@ def run_training(
     """Train against `endpoints`; Ray is connected here and disconnected on return."""
     import ray
 
-    from training.algo_config import build_algo_config
-    from training.game_discovery import discover_game
-    from training.preflight import preflight
+    from training.rllib.algorithm import build_algo_config
+    from training.run.discovery import discover_game
+    from training.run.preflight import preflight
 
     stop = stop or StopRequest()
     started = time.monotonic()

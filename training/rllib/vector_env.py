@@ -18,11 +18,11 @@ import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from ray.rllib.env.vector.vector_multi_agent_env import VectorMultiAgentEnv
 
-from training.discovery import GameSpec, game_spec_from_definition
 from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol.client import GymClient, TLSConfig
 from training.protocol.errors import UEProtocolError
+from training.protocol.game_spec import GameSpec, game_spec_from_definition
 
 ALL = "__all__"
 

@@ -81,7 +81,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
         from training.protocol.grpc_tuning import apply_low_latency_defaults
 
         apply_low_latency_defaults()  # no-op if grpc is already loaded in this worker
-        from training.ue_env import UEVectorEnv  # grpc only where envs are built
+        from training.rllib.vector_env import UEVectorEnv  # grpc only where envs are built
 
         if self.env is not None:
             try:

@@ -6,12 +6,12 @@ import traceback
 from pathlib import Path
 
 from infra.endpoints import EndpointsError
-from training.checkpoints import CheckpointError
-from training.driver import EnvRunnersDidNotStart
-from training.game_discovery import DiscoveryError
-from training.hparams import HyperparameterError
-from training.preflight import PreflightError
 from training.protocol.errors import UEError
+from training.rllib.hparams import HyperparameterError
+from training.run.checkpoints import CheckpointError
+from training.run.discovery import DiscoveryError
+from training.run.driver import EnvRunnersDidNotStart
+from training.run.preflight import PreflightError
 
 # Errors whose message already says what is wrong and where.
 USER_ERRORS: tuple[type[BaseException], ...] = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from infra.endpoints import Endpoints, RayAddresses
 from infra.topology import Topology
-from training.local_games import HOST
+from training.local.games import HOST
 
 
 def local_endpoints(

@@ -1,0 +1,2 @@
+"""One `uerl train` run: endpoints source, preflight, discovery, the driver loop,
+checkpoints, metrics, stop handling and failure messages."""

@@ -1,0 +1,51 @@
+"""How a training run ends for the user: a summary, or one clear message, and an exit code.
+
+Exit status: 0 done, 1 preflight/discovery/training failure, 130 stopped by
+Ctrl-C/SIGTERM (after a final checkpoint).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from infra.endpoints import Endpoints
+from training.run.driver import TrainOptions, TrainResult, run_training
+from training.run.stop import StopRequest
+
+
+def train_and_report(
+    endpoints: Endpoints, options: TrainOptions, *, stop: StopRequest, prog: str
+) -> int:
+    """Run the training code path; failures become one clear message and an exit code."""
+    from training.run.failures import describe
+
+    try:
+        result = run_training(endpoints, options, stop=stop)
+    except KeyboardInterrupt:
+        print(f"{prog}: aborted by {stop.signal_name or 'KeyboardInterrupt'}", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        print(
+            f"{prog}: {describe(exc, traceback_file=options.run_dir / 'traceback.txt')}",
+            file=sys.stderr,
+        )
+        return 1
+    print(summary(result), flush=True)
+    return 130 if result.interrupted else 0
+
+
+def summary(result: TrainResult) -> str:
+    last = result.rows[-1] if result.rows else None
+    lines = [
+        f"{'interrupted' if result.interrupted else 'done'} in {result.wall_s:.1f}s: "
+        f"{len(result.rows)} iteration(s) recorded, {result.env_steps_total:,} env steps, "
+        f"best return mean {result.best_return:.1f}"
+        + (f", last {last.episode_return_mean:.1f}" if last else "")
+    ]
+    if result.checkpoint:
+        lines.append(f"  checkpoint:     {result.checkpoint}")
+    if result.csv_path:
+        lines.append(f"  metrics:        {result.csv_path}")
+    if result.png_path:
+        lines.append(f"  learning curve: {result.png_path}")
+    return "\n".join(lines)
