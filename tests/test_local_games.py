@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -70,3 +73,49 @@ def test_local_endpoints_point_discovery_at_the_right_game(
         "127.0.0.1:40003",
     ]
     assert ep.ray.gcs_address == "127.0.0.2:6000"
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_a_killed_game_is_restarted_on_its_port_and_answers_again(tmp_path: Path) -> None:
+    lines: list[str] = []
+    with LocalMockGames(
+        workers=1, env_id="CartPole-v1", envs_per_game=1, run_dir=tmp_path, log=lines.append
+    ) as games:
+        game = games.worker_game(1)
+        first = game.proc
+        first.send_signal(signal.SIGKILL)
+        _wait(lambda: game.proc is not first, timeout_s=10)
+        _wait(lambda: game.log.read_text().count("listening on") == 2, timeout_s=30)
+        grpc_ready(game.endpoint, timeout_s=10, what=game.name)
+        assert games.restarts() == {"ue-1": 1}
+        pids = games.pids()
+    assert len(lines) == 1 and "ue-1" in lines[0] and "killed by SIGKILL" in lines[0]
+    assert "restart 1/10" in lines[0]
+    assert "--- uerl local: restart 1 ---" in (tmp_path / "ue-1.log").read_text()
+    assert processes.alive(pids) == set()
+
+
+def test_a_game_past_its_restart_cap_is_given_up_with_a_reason_naming_it(
+    tmp_path: Path,
+) -> None:
+    reasons: list[str] = []
+    with LocalMockGames(
+        workers=2,
+        env_id="CartPole-v1",
+        envs_per_game=1,
+        run_dir=tmp_path,
+        max_restarts=0,
+        on_give_up=reasons.append,
+        log=lambda _line: None,
+    ) as games:
+        games.worker_game(2).proc.send_signal(signal.SIGKILL)
+        _wait(lambda: bool(reasons), timeout_s=10)
+        assert games.worker_game(1).proc.poll() is None  # the others keep running
+    assert len(reasons) == 1
+    assert "ue-2" in reasons[0] and "cap 0" in reasons[0] and "--game-restarts" in reasons[0]

@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     games.add_argument(
         "--base-port", type=int, help="worker i's game on BASE+i (default: a free block)"
     )
+    games.add_argument(
+        "--game-restarts",
+        type=int,
+        default=10,
+        metavar="N",
+        help="restart a game that exits at most N times, then stop training (10)",
+    )
     add_training_args(parser)
     return parser
 
@@ -87,4 +94,5 @@ def main(argv: Sequence[str]) -> int:
         envs_per_game=args.envs,
         base_port=args.base_port,
         prog=PROG,
+        max_game_restarts=args.game_restarts,
     )

@@ -61,8 +61,27 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         help="any training() option of the algorithm, e.g. --hp lambda_=0.9 (repeatable)",
     )
     group.add_argument("--preflight-timeout", type=float, default=30.0, metavar="S")
-    group.add_argument(
-        "--request-timeout", type=float, default=60.0, metavar="S", help="per game RPC"
+    faults = parser.add_argument_group("games that fail")
+    faults.add_argument(
+        "--request-timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="deadline of each game RPC: how long a hung game can hold its runner (5)",
+    )
+    faults.add_argument(
+        "--fault-wait",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="while a game is down, each sample of its runner waits this long for it (2)",
+    )
+    faults.add_argument(
+        "--game-down-limit",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="stop (final checkpoint, exit 1) when no game answered for this long (300)",
     )
 
 
@@ -100,5 +119,7 @@ def options_from_args(
         seed=args.seed,
         preflight_timeout_s=args.preflight_timeout,
         request_timeout_s=args.request_timeout,
+        fault_wait_s=args.fault_wait,
+        game_down_limit_s=args.game_down_limit,
         **(extra or {}),
     )

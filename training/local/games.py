@@ -5,19 +5,28 @@ listens on `base_port + i` (i = 1..Y) and the dedicated discovery instance on
 `base_port` itself, so the whole set is one contiguous block.
 Each server is `uerl mock-ue ... --stats-file F`; on SIGTERM it writes
 {sessions opened/closed, steps, resets} to F, which `stop()` reads back.
+
+Games are supervised as a Deployment or a restarting sidecar would be: one that
+exits is started again on the same port after a backoff (`RestartPolicy`), its
+log appended to, one plain line printed each time. Past the cap, `on_give_up`
+is told why (the `uerl local` session then stops training).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from training.local import processes
+from training.local.restart_policy import RestartPolicy
 
 HOST = "127.0.0.1"
 READY_PREFIX = "mock-ue listening on"
@@ -34,10 +43,25 @@ class MockGame:
     proc: subprocess.Popen[bytes]
     log: Path
     stats_file: Path
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    started_at: float = field(default_factory=time.monotonic)
+    restart_at: float | None = None  # pending restart (monotonic time)
+    given_up: bool = False
+    # Every incarnation writes its own stats file; stop() adds them up.
+    stats_files: list[Path] = field(default_factory=list)
 
     @property
     def endpoint(self) -> str:
         return f"{HOST}:{self.port}"
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 class LocalMockGames(processes.StartedGroup):
@@ -55,6 +79,9 @@ class LocalMockGames(processes.StartedGroup):
         startup_timeout_s: float = 60.0,
         stop_grace_s: float = 10.0,
         extra_args: list[str] | None = None,
+        max_restarts: int = 10,
+        on_give_up: Callable[[str], None] | None = None,
+        log: Callable[[str], None] = print,
     ) -> None:
         self.workers = workers
         self.env_id = env_id
@@ -65,9 +92,14 @@ class LocalMockGames(processes.StartedGroup):
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
         self.extra_args = extra_args or []
+        self.max_restarts = max_restarts
+        self.on_give_up = on_give_up
+        self.log = log
         self.games: list[MockGame] = []
         self.stats: dict[str, dict[str, Any]] = {}
         self._stopped = False
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
 
     def worker_game(self, index: int) -> MockGame:
         return next(g for g in self.games if g.name == f"ue-{index}")
@@ -86,18 +118,34 @@ class LocalMockGames(processes.StartedGroup):
         deadline = time.monotonic() + self.startup_timeout_s
         for game in self.games:
             self._wait_ready(game, deadline)
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="uerl-local-games", daemon=True
+        )
+        self._supervisor.start()
+
+    def restarts(self) -> dict[str, int]:
+        return {g.name: g.policy.restarts for g in self.games}
 
     def stop(self) -> dict[str, dict[str, Any]]:
         """Stop every game (TERM, then KILL) and return {name: stats}; idempotent."""
         if self._stopped:
             return self.stats
         self._stopped = True
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=30)
         survivors = processes.terminate([g.proc for g in self.games], grace_s=self.stop_grace_s)
         for game in self.games:
-            try:
-                self.stats[game.name] = json.loads(game.stats_file.read_text())
-            except (OSError, ValueError):
-                continue  # killed before it could write: absent from stats
+            totals: dict[str, Any] = {}
+            for path in game.stats_files:
+                try:
+                    stats = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue  # killed before it could write: absent from the totals
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0) + value
+            if totals:
+                self.stats[game.name] = totals
         if survivors:
             raise LocalGamesError(f"mock games survived SIGKILL: {sorted(survivors)}")
         return self.stats
@@ -111,6 +159,18 @@ class LocalMockGames(processes.StartedGroup):
     def _launch(self, name: str, port: int) -> MockGame:
         log = self.run_dir / f"{name}.log"
         stats = self.run_dir / f"{name}.stats.json"
+        proc = self._spawn(port, log, stats)
+        return MockGame(
+            name,
+            port,
+            proc,
+            log,
+            stats,
+            policy=RestartPolicy(max_restarts=self.max_restarts),
+            stats_files=[stats],
+        )
+
+    def _spawn(self, port: int, log: Path, stats: Path) -> subprocess.Popen[bytes]:
         stats.unlink(missing_ok=True)
         argv = [
             sys.executable,
@@ -129,8 +189,50 @@ class LocalMockGames(processes.StartedGroup):
             str(stats),
             *self.extra_args,
         ]
-        proc = processes.spawn(argv, log_path=log)
-        return MockGame(name, port, proc, log, stats)
+        return processes.spawn(argv, log_path=log)
+
+    # ------------------------------------------------------------------ supervision
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(0.1):
+            for game in self.games:
+                if game.given_up:
+                    continue
+                if game.restart_at is not None:
+                    if time.monotonic() >= game.restart_at:
+                        self._restart(game)
+                elif game.proc.poll() is not None:
+                    self._on_exit(game)
+
+    def _on_exit(self, game: MockGame) -> None:
+        how = describe_exit(game.proc.returncode)
+        delay = game.policy.next_delay(uptime_s=time.monotonic() - game.started_at)
+        if delay is None:
+            game.given_up = True
+            reason = (
+                f"game {game.name} ({game.endpoint}) {how} after {game.policy.restarts} "
+                f"restart(s) (cap {game.policy.max_restarts}, --game-restarts); "
+                f"log: {game.log}"
+            )
+            self.log(f"uerl local: giving up: {reason}")
+            if self.on_give_up is not None:
+                self.on_give_up(reason)
+            return
+        game.restart_at = time.monotonic() + delay
+        self.log(
+            f"uerl local: game {game.name} ({game.endpoint}) {how}; restart "
+            f"{game.policy.restarts}/{game.policy.max_restarts} in {delay:.1f} s "
+            f"(log: {game.log})"
+        )
+
+    def _restart(self, game: MockGame) -> None:
+        game.restart_at = None
+        game.stats_file = self.run_dir / f"{game.name}.restart-{game.policy.restarts}.stats.json"
+        game.stats_files.append(game.stats_file)
+        with game.log.open("a") as fh:
+            fh.write(f"--- uerl local: restart {game.policy.restarts} ---\n")
+        game.proc = self._spawn(game.port, game.log, game.stats_file)
+        game.started_at = time.monotonic()
 
     def _wait_ready(self, game: MockGame, deadline: float) -> None:
         while True:

@@ -30,6 +30,7 @@ def run_local(
     envs_per_game: int,
     base_port: int | None,
     prog: str,
+    max_game_restarts: int = 10,
 ) -> int:
     """Start the topology, train against it with the `uerl train` code path, stop it all."""
     from training.local.endpoints import local_endpoints
@@ -58,6 +59,8 @@ def run_local(
         base_port=base_port,
         discovery_instance=topology.has_dedicated_discovery,
         startup_timeout_s=min(topology.simulator.startup_timeout_s, 120.0),
+        max_restarts=max_game_restarts,
+        log=lambda line: print(line, flush=True),
     )
     # Belt and braces: the `with` blocks stop everything, atexit covers sys.exit paths
     # taken from elsewhere; both stops are idempotent.
@@ -67,6 +70,9 @@ def run_local(
     code = 1
     try:
         with StopRequest() as stop:
+            # A game past its restart cap ends training like a fatal error would,
+            # after the iteration in progress and a final checkpoint.
+            games.on_give_up = stop.fail
             print(
                 f"{prog}: {topology.pattern}, {topology.workers.replicas} worker(s), "
                 f"{topology.learners.replicas} learner(s); logs in {run_dir}",
@@ -106,9 +112,11 @@ def _report_games(games: LocalMockGames, run_dir: Path) -> None:
     if not games.stats:
         return
     (run_dir / "games.json").write_text(json.dumps(games.stats, indent=2, sort_keys=True))
+    restarts = games.restarts()
     for name, stats in sorted(games.stats.items()):
         print(
             f"  {name}: {stats.get('sessions_opened', 0)} session(s), "
-            f"{stats.get('steps', 0)} step RPCs, {stats.get('resets', 0)} resets",
+            f"{stats.get('steps', 0)} step RPCs, {stats.get('resets', 0)} resets, "
+            f"{restarts.get(name, 0)} restart(s)",
             flush=True,
         )

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol._generated import schola_gym_pb2_grpc as pb_grpc
@@ -78,6 +79,7 @@ class GymClient:
         self.tls = tls
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.GymServiceStub | None = None
+        self._update_raw: grpc.UnaryUnaryMultiCallable | None = None
         self._session_open = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -92,6 +94,14 @@ class GymClient:
                     self.endpoint, self.tls.credentials(), options=CHANNEL_OPTIONS
                 )
             self._stub = pb_grpc.GymServiceStub(self._channel)
+            # Replies arrive as bytes and are parsed by `parse_state`, so a reply that is
+            # not a State message is a UEProtocolError naming the game, like any other.
+            self._update_raw = self._channel.unary_unary(
+                "/Schola.GymService/UpdateState",
+                request_serializer=pb.StateUpdate.SerializeToString,
+                response_deserializer=None,
+                _registered_method=True,
+            )
         deadline = time.monotonic() + self.startup_timeout_s
         try:
             grpc.channel_ready_future(self._channel).result(timeout=self.startup_timeout_s)
@@ -155,9 +165,9 @@ class GymClient:
 
     def update(self, update: pb.StateUpdate, operation: str = "UpdateState") -> pb.State:
         """Send a prepared StateUpdate (reset or step) and return the game's State."""
-        return self._call(
-            operation, self._require_stub().UpdateState, update, self.request_timeout_s
-        )
+        self._require_stub()
+        data = self._call(operation, self._update_raw, update, self.request_timeout_s)
+        return parse_state(data, self.endpoint, operation)
 
     def reset(
         self, seeds: dict[int, int | None], options: dict[str, str] | None = None
@@ -219,4 +229,15 @@ class GymClient:
             self._channel.close()
         self._channel = None
         self._stub = None
+        self._update_raw = None
         self._session_open = False
+
+
+def parse_state(data: bytes, endpoint: str, operation: str) -> pb.State:
+    """A reply's bytes as a State message; anything else is the game's protocol error."""
+    try:
+        return pb.State.FromString(data)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise UEProtocolError(
+            endpoint, operation, f"reply of {len(data)} bytes is not a State message ({exc})"
+        ) from None

@@ -22,6 +22,9 @@ from training.rllib.env_runner import ENV_CONFIG_KEY, UEConnection, UEEnvRunner
 if TYPE_CHECKING:
     from ray.rllib.algorithms.ppo import PPOConfig
 
+RUNNER_RESTART_DELAY_S = 2.0
+RUNNER_PROBE_TIMEOUT_S = 10.0
+
 # `config.env` is only a label: UEEnvRunner builds its env from env_config["ue"].
 ENV_LABEL = "uerl-ue-game"
 
@@ -113,13 +116,21 @@ def build_ppo_config(
     return config
 
 
-def connection_for(endpoints: Endpoints, *, request_timeout_s: float = 60.0) -> UEConnection:
+def connection_for(
+    endpoints: Endpoints,
+    *,
+    request_timeout_s: float = 60.0,
+    fault_wait_s: float = 2.0,
+    give_up_after_s: float = 300.0,
+) -> UEConnection:
     return UEConnection(
         url_template=endpoints.worker_url_template,
         port=endpoints.port,
         port_offset_mode=endpoints.port_offset_mode,
         startup_timeout_s=endpoints.simulator_startup_timeout_s,
         request_timeout_s=request_timeout_s,
+        fault_wait_s=fault_wait_s,
+        give_up_after_s=give_up_after_s,
     )
 
 
@@ -145,6 +156,8 @@ def build_algo_config(
     hparams: dict[str, Any] | None = None,
     seed: int | None = None,
     request_timeout_s: float = 60.0,
+    fault_wait_s: float = 2.0,
+    give_up_after_s: float = 300.0,
 ) -> Any:
     """The AlgorithmConfig (PPO, APPO or IMPALA) to `build_algo()`."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
@@ -154,7 +167,12 @@ def build_algo_config(
     res = endpoints.resources
     config = build_ppo_config(
         game,
-        connection_for(endpoints, request_timeout_s=request_timeout_s),
+        connection_for(
+            endpoints,
+            request_timeout_s=request_timeout_s,
+            fault_wait_s=fault_wait_s,
+            give_up_after_s=give_up_after_s,
+        ),
         num_env_runners=endpoints.num_env_runners,
         custom_resource=endpoints.custom_resource,
         num_learners=endpoints.num_learners,
@@ -169,6 +187,13 @@ def build_algo_config(
             num_gpus_per_learner=res.gpus_per_learner,
         )
         .training(**training)
+        # Game faults never reach RLlib (UEEnvRunner reconnects by itself); these cover
+        # a runner actor that dies with its node: restart it in seconds, not 60.
+        .fault_tolerance(
+            restart_failed_env_runners=True,
+            delay_between_env_runner_restarts_s=RUNNER_RESTART_DELAY_S,
+            env_runner_health_probe_timeout_s=RUNNER_PROBE_TIMEOUT_S,
+        )
     )
     if model:
         config = config.rl_module(model_config=DefaultModelConfig(**model))

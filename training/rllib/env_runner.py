@@ -5,19 +5,30 @@ are numbered 1..N; runner i talks to `UEConnection.endpoint_for(i)`, i.e. the UR
 template expanded with `{worker_index}` and the port offset by i in `per_worker`
 mode. The local runner (index 0) creates no env when remote runners exist (RLlib
 only builds it when `num_env_runners == 0` or `create_env_on_local_worker`).
+
+A game that dies or hangs does not stop training: every call to it has a
+deadline, the runner drops the episodes the failure cut (they never count as
+finished), returns what it has, and on each later `sample()` spends at most
+`fault_wait_s` trying a new session. When the game answers again (a restarted
+pod or process republishes its definition) the runner samples again; RLlib
+never sees an error, so no actor restart and no 60 s restart delay.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.env.env_context import EnvContext
 from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED
 
 from infra.endpoints import worker_endpoint
+from training.protocol.errors import UEConnectionError, UEError, UEProtocolError
+from training.rllib.game_health import GameHealth
 
 if TYPE_CHECKING:
     from training.protocol.client import TLSConfig
@@ -37,6 +48,11 @@ class UEConnection(BaseModel):
     port_offset_mode: Literal["fixed", "per_worker"] = "fixed"
     startup_timeout_s: float = Field(default=45.0, gt=0)
     request_timeout_s: float = Field(default=60.0, gt=0)
+    # While its game is down, each sample() call waits at most this long for it.
+    fault_wait_s: float = Field(default=2.0, gt=0)
+    # Past this much downtime sample() raises GameDownError, so RLlib takes the runner
+    # out of the iteration (with every game down, the iteration then ends).
+    give_up_after_s: float = Field(default=300.0, gt=0)
     tls_ca_path: str | None = None
     tls_cert_path: str | None = None
     tls_key_path: str | None = None
@@ -69,6 +85,14 @@ class UEConnection(BaseModel):
         return cls.model_validate(env_config[ENV_CONFIG_KEY])
 
 
+class GameChangedError(UEProtocolError):
+    """After a reconnect the game defines other environments, agents or spaces."""
+
+
+class GameDownError(UEConnectionError):
+    """The runner's game has not answered for longer than `give_up_after_s`."""
+
+
 class UEEnvRunner(MultiAgentEnvRunner):
     """A `MultiAgentEnvRunner` whose env is a `UEVectorEnv` over this runner's game.
 
@@ -77,28 +101,88 @@ class UEEnvRunner(MultiAgentEnvRunner):
     (`build_ppo_config` does) to keep rollout fragment sizing right.
     """
 
+    def __init__(self, config: Any, **kwargs: Any) -> None:
+        self._health: GameHealth | None = None
+        self._game_signature: dict[str, Any] | None = None
+        super().__init__(config=config, **kwargs)
+
+    # ------------------------------------------------------------------ RLlib API
+
     def make_env(self) -> None:
         from training.protocol.grpc_tuning import apply_low_latency_defaults
 
         apply_low_latency_defaults()  # no-op if grpc is already loaded in this worker
+        connection = UEConnection.from_env_config(dict(self.config.env_config))
+        self._open_game(connection, startup_timeout_s=connection.startup_timeout_s)
+
+    def sample(self, **kwargs: Any) -> list[Any]:
+        health = self.game_health_state()
+        if not health.healthy and not self._reconnect():
+            connection = UEConnection.from_env_config(dict(self.config.env_config))
+            if health.down_for_s() > connection.give_up_after_s:
+                raise GameDownError(
+                    health.endpoint,
+                    "sample",
+                    f"has not answered for {health.down_for_s():.0f} s "
+                    f"(limit {connection.give_up_after_s:g} s): {health.last_error}",
+                )
+            return self._sampled_nothing()
+        try:
+            episodes = super().sample(**kwargs)
+        except Exception as exc:
+            fault = _game_fault(exc)
+            if fault is None:
+                raise
+            self._lose_game(fault)
+            return self._sampled_nothing()
+        return episodes
+
+    # ------------------------------------------------------------------ health
+
+    def game_health_state(self) -> GameHealth:
+        if self._health is None:
+            connection = UEConnection.from_env_config(dict(self.config.env_config))
+            index = self.worker_index or 0
+            self._health = GameHealth(index, connection.endpoint_for(index))
+        return self._health
+
+    def game_health(self) -> dict[str, Any]:
+        """The report the driver reads after each iteration (drains the events)."""
+        return self.game_health_state().report()
+
+    # ------------------------------------------------------------------ internals
+
+    def _sampled_nothing(self) -> list[Any]:
+        # RLlib sums this over runners to decide when a batch is full; a stat left
+        # empty since the last reduce reads as NaN there.
+        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED, 0, reduce="sum")
+        return []
+
+    def _open_game(self, connection: UEConnection, *, startup_timeout_s: float) -> None:
         from training.rllib.vector_env import UEVectorEnv  # grpc only where envs are built
 
-        if self.env is not None:
-            try:
-                self.env.close()
-            except Exception as exc:  # a dead game must not block building a new session
-                log.warning("closing the previous UE env failed: %s", exc)
-            self.env = None
-        connection = UEConnection.from_env_config(dict(self.config.env_config))
+        self._close_env()
         index = self.worker_index or 0
         endpoint = connection.endpoint_for(index)
-        self.env = UEVectorEnv(
+        env = UEVectorEnv(
             endpoint,
-            startup_timeout_s=connection.startup_timeout_s,
+            startup_timeout_s=startup_timeout_s,
             request_timeout_s=connection.request_timeout_s,
             tls=connection.tls(),
         )
-        self.num_envs = self.env.num_envs
+        signature = env.game.to_dict() | {"endpoint": ""}
+        if self._game_signature is not None and signature != self._game_signature:
+            env.close()
+            # Another build (or another game) answered: its policies would not fit.
+            raise GameChangedError(
+                endpoint,
+                "RequestTrainingDefinition",
+                "after reconnecting, the game defines different environments, agents or "
+                "spaces than before; restart training for a different build",
+            )
+        self._game_signature = signature
+        self.env = env
+        self.num_envs = env.num_envs
         if self.num_envs != self.config.num_envs_per_env_runner:
             log.warning(
                 "game at %s hosts %d environments but num_envs_per_env_runner=%d; "
@@ -107,9 +191,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
                 self.num_envs,
                 self.config.num_envs_per_env_runner,
             )
-        self._needs_initial_reset = True
-        if hasattr(self, "_ongoing_episodes"):  # re-created after a failure: resize
-            self._ongoing_episodes = [None] * self.num_envs
+        self._forget_episodes()
         env_ctx = EnvContext(
             dict(self.config.env_config),
             worker_index=index,
@@ -123,3 +205,59 @@ class UEEnvRunner(MultiAgentEnvRunner):
                 env_runner=self, metrics_logger=self.metrics, env=self.env, env_context=env_ctx
             ),
         )
+
+    def _close_env(self) -> None:
+        if self.env is None:
+            return
+        try:
+            self.env.close()
+        except Exception as exc:  # a dead game must not block building a new session
+            log.debug("closing the previous UE env failed: %s", exc)
+        self.env = None
+
+    def _forget_episodes(self) -> None:
+        """Drop episodes in progress: the next sample starts from a reset. Episodes
+        cut this way never finish, so they never count as finished episodes."""
+        self._needs_initial_reset = True
+        if hasattr(self, "_ongoing_episodes"):  # not yet set during __init__
+            self._ongoing_episodes = [None] * self.num_envs
+            self._ongoing_episodes_for_metrics.clear()
+            self._cached_to_module = None
+
+    def _lose_game(self, fault: UEError) -> None:
+        self.game_health_state().fault(str(fault))
+        log.warning("%s; this env runner keeps trying to reconnect", fault)
+        self._close_env()
+        self._forget_episodes()
+
+    def _reconnect(self) -> bool:
+        """Try for a new session within fault_wait_s; True once the game answers."""
+        connection = UEConnection.from_env_config(dict(self.config.env_config))
+        deadline = time.monotonic() + connection.fault_wait_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                self._open_game(connection, startup_timeout_s=max(remaining, 0.2))
+            except GameChangedError:
+                raise  # a different game answered: not something waiting fixes
+            except UEError as exc:
+                self.game_health_state().fault(str(exc))
+                time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+                continue
+            self.game_health_state().recovered()
+            log.warning("game at %s answers again; sampling", self.game_health_state().endpoint)
+            return True
+
+
+def _game_fault(exc: BaseException) -> UEError | None:
+    """The UEError behind an exception RLlib may have wrapped (e.g. RuntimeError from e)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UEError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

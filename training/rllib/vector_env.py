@@ -117,7 +117,13 @@ class UEVectorEnv(VectorMultiAgentEnv):
             if len(seeds) != n:
                 raise ValueError(f"{len(seeds)} seeds for {n} environments")
         str_options = {str(k): str(v) for k, v in (options or {}).items()}
-        state = self.client.reset(dict(enumerate(seeds)), str_options)
+        return self.decode_reset(self.client.reset(dict(enumerate(seeds)), str_options))
+
+    def decode_reset(
+        self, state: pb.State
+    ) -> tuple[list[dict[str, Any]], list[dict[str, dict[str, str]]]]:
+        """The reset reply as per-environment observations and infos (validated)."""
+        n = self.num_envs
         op = "UpdateState(reset)"
         if not state.HasField("initial_state"):
             raise UEProtocolError(self.endpoint, op, "reply has no initial_state")
@@ -158,14 +164,15 @@ class UEVectorEnv(VectorMultiAgentEnv):
                 batch = codec.stack_values(space, values[aid])
                 codec.batch_to_points(space, batch, agent_points, f"action of {aid!r}")
         state = self.client.step(update)
-        return self._decode_step(state)
+        return self.decode_step(state)
 
     def close_extras(self, **kwargs: Any) -> None:
         self.client.close()
 
     # ------------------------------------------------------------------ decoding
 
-    def _decode_step(self, state: pb.State) -> tuple[list, list, list, list, list]:
+    def decode_step(self, state: pb.State) -> tuple[list, list, list, list, list]:
+        """The step reply as RLlib's five per-environment lists (validated)."""
         op = "UpdateState(step)"
         n = self.num_envs
         if not state.HasField("training_state"):

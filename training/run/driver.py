@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.endpoints import Endpoints
 from training.rllib.hparams import Algo
 from training.run import checkpoints, metrics
+from training.run.runner_health import RunnerHealthBoard, shorten_runner_errors
 from training.run.stop import StopRequest
 
 DEFAULT_ITERATIONS = 10
 CSV_NAME = "metrics.csv"
 PNG_NAME = "learning_curve.png"
+EVENTS_NAME = "game_events.jsonl"
+# How long the driver waits for env runners' health reports after an iteration; a
+# runner still busy (async algorithms) keeps its previous report.
+HEALTH_QUERY_TIMEOUT_S = 2.0
 
 Log = Callable[[str], None]
 
@@ -43,7 +49,12 @@ class TrainOptions(BaseModel):
     hparams: dict[str, Any]
     seed: int | None = None
     preflight_timeout_s: float = Field(default=30.0, gt=0)
-    request_timeout_s: float = Field(default=60.0, gt=0)
+    # Per game RPC: how long a hung game can hold up its env runner.
+    request_timeout_s: float = Field(default=5.0, gt=0)
+    # While a game is down, each sample() of its runner waits at most this for it.
+    fault_wait_s: float = Field(default=2.0, gt=0)
+    # Stop (final checkpoint, exit 1) once no game has answered for this long.
+    game_down_limit_s: float = Field(default=300.0, gt=0)
     # Overrides endpoints.ray.gcs_address (e.g. a port-forward or ray://).
     ray_address: str | None = None
 
@@ -62,6 +73,8 @@ class TrainResult:
     csv_path: Path | None = None
     png_path: Path | None = None
     wall_s: float = 0.0
+    # Why the run gave up (it then ends non-zero after its final checkpoint).
+    failure: str | None = None
 
     @property
     def env_steps_total(self) -> int:
@@ -118,6 +131,8 @@ def run_training(
             hparams=options.hparams,
             seed=options.seed,
             request_timeout_s=options.request_timeout_s,
+            fault_wait_s=options.fault_wait_s,
+            give_up_after_s=options.game_down_limit_s,
         )
         log(
             f"building {options.algo}: {endpoints.num_env_runners} env runner(s) "
@@ -126,8 +141,12 @@ def run_training(
             f"{endpoints.resources.gpus_per_learner:g} GPU)"
         )
         algo = _build_algo(config, endpoints.num_env_runners)
+        board = RunnerHealthBoard(
+            endpoints.num_env_runners, give_up_after_s=options.game_down_limit_s
+        )
+        shorten_runner_errors()
         try:
-            result = _loop(algo, options, stop, log)
+            result = _loop(algo, options, stop, log, board)
         finally:
             algo.stop()
     finally:
@@ -161,7 +180,37 @@ def _build_algo(config: Any, num_env_runners: int) -> Any:
         raise
 
 
-def _loop(algo: Any, options: TrainOptions, stop: StopRequest, log: Log) -> TrainResult:
+def _check_runners(
+    algo: Any, board: RunnerHealthBoard, stop: StopRequest, log: Log, events_path: Path
+) -> None:
+    """Print what happened to the games since the last iteration; give up if all are gone.
+    Every event also goes to `events_path` (JSON lines, wall-clock times)."""
+    reports = algo.env_runner_group.foreach_env_runner(
+        "game_health",
+        local_env_runner=False,
+        # Also runners RLlib took out after a GameDownError: they are alive and know.
+        healthy_only=False,
+        timeout_seconds=HEALTH_QUERY_TIMEOUT_S,
+    )
+    for line in board.update(reports):
+        log(line)
+    events = [
+        {"runner_index": r["runner_index"], "endpoint": r["endpoint"], **e}
+        for r in reports
+        for e in r["events"]
+    ]
+    if events:
+        events_path.parent.mkdir(parents=True, exist_ok=True)
+        with events_path.open("a") as fh:
+            fh.writelines(json.dumps(e) + "\n" for e in events)
+    reason = board.give_up_reason()
+    if reason is not None:
+        stop.fail(reason)
+
+
+def _loop(
+    algo: Any, options: TrainOptions, stop: StopRequest, log: Log, board: RunnerHealthBoard
+) -> TrainResult:
     result = TrainResult()
     rows: list[metrics.IterationRow] = []
     if options.resume is not None:
@@ -186,13 +235,16 @@ def _loop(algo: Any, options: TrainOptions, stop: StopRequest, log: Log) -> Trai
     try:
         while not _done(options, rows) and not stop.requested:
             row = metrics.row_from_result(algo.train(), previous_steps=previous)
+            _check_runners(algo, board, stop, log, options.run_dir / EVENTS_NAME)
+            row = replace(row, runners_healthy=board.healthy, runners_total=board.total)
             previous = row.env_steps_total
             rows.append(row)
             log(metrics.progress_line(row))
             if row.iteration % options.checkpoint_every == 0:
                 result.checkpoint = _save(algo, options, row)
                 last_saved = row.iteration
-        result.interrupted = stop.requested
+        result.interrupted = stop.requested and stop.failure is None
+        result.failure = stop.failure
         if rows and rows[-1].iteration != last_saved:
             result.checkpoint = _save(algo, options, rows[-1])
         elif rows and result.checkpoint is None:

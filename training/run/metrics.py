@@ -19,6 +19,9 @@ class IterationRow:
     episode_return_mean: float  # NaN until an episode has finished
     episode_len_mean: float
     learner_steps_per_s: float
+    # Env runners whose game answered at the end of the iteration, of all of them.
+    runners_healthy: int = 0
+    runners_total: int = 0
 
 
 COLUMNS = [f.name for f in fields(IterationRow)]
@@ -60,10 +63,11 @@ def row_from_result(result: dict[str, Any], *, previous_steps: int) -> Iteration
 def progress_line(row: IterationRow) -> str:
     ret = "   n/a" if math.isnan(row.episode_return_mean) else f"{row.episode_return_mean:7.1f}"
     learn = "n/a" if math.isnan(row.learner_steps_per_s) else f"{row.learner_steps_per_s:,.0f}"
+    runners = f" | runners {row.runners_healthy}/{row.runners_total}" if row.runners_total else ""
     return (
         f"iter {row.iteration:4d} | env steps {row.env_steps_total:>9,} | "
         f"{row.env_steps_per_s:8,.0f} steps/s | return mean {ret} | "
-        f"learner {learn} steps/s | {row.time_s:5.1f}s"
+        f"learner {learn} steps/s | {row.time_s:5.1f}s{runners}"
     )
 
 
@@ -78,13 +82,14 @@ def read_csv(path: Path) -> list[IterationRow]:
                     **{
                         name: (int(float(raw[name])) if name in _INTS else float(raw[name]))
                         for name in COLUMNS
+                        if raw.get(name) not in (None, "")  # older CSVs lack newer columns
                     }
                 )
             )
         return rows
 
 
-_INTS = {"iteration", "env_steps_total", "episodes_total"}
+_INTS = {"iteration", "env_steps_total", "episodes_total", "runners_healthy", "runners_total"}
 
 
 def write_csv(path: Path, rows: list[IterationRow]) -> None:

@@ -1,7 +1,8 @@
 """How a training run ends for the user: a summary, or one clear message, and an exit code.
 
-Exit status: 0 done, 1 preflight/discovery/training failure, 130 stopped by
-Ctrl-C/SIGTERM (after a final checkpoint).
+Exit status: 0 done, 1 preflight/discovery/training failure or gave up on the
+games (after a final checkpoint), 130 stopped by Ctrl-C/SIGTERM (after a final
+checkpoint).
 """
 
 from __future__ import annotations
@@ -31,13 +32,22 @@ def train_and_report(
         )
         return 1
     print(summary(result), flush=True)
+    if result.failure is not None:
+        print(f"{prog}: gave up: {result.failure}", file=sys.stderr, flush=True)
+        return 1
     return 130 if result.interrupted else 0
+
+
+def _ending(result: TrainResult) -> str:
+    if result.failure is not None:
+        return "stopped"
+    return "interrupted" if result.interrupted else "done"
 
 
 def summary(result: TrainResult) -> str:
     last = result.rows[-1] if result.rows else None
     lines = [
-        f"{'interrupted' if result.interrupted else 'done'} in {result.wall_s:.1f}s: "
+        f"{_ending(result)} in {result.wall_s:.1f}s: "
         f"{len(result.rows)} iteration(s) recorded, {result.env_steps_total:,} env steps, "
         f"best return mean {result.best_return:.1f}"
         + (f", last {last.episode_return_mean:.1f}" if last else "")

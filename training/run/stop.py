@@ -3,7 +3,8 @@
 Before training starts a signal aborts at once (KeyboardInterrupt: the `with`
 blocks stop whatever was started). Once iterations run, the first signal asks
 for a clean stop (finish the iteration, write the final checkpoint), and a
-second one aborts.
+second one aborts. `fail(reason)` asks for the same clean stop from code (e.g.
+`uerl local` giving up on a game), and the run then ends with an error.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class StopRequest:
         self.requested = False
         self.signal_name = ""
         self.graceful = False
+        self.failure: str | None = None
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
@@ -31,6 +33,13 @@ class StopRequest:
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
+
+    def fail(self, reason: str) -> None:
+        """Stop after this iteration (final checkpoint) and end the run as failed.
+        Safe from any thread; the first reason wins."""
+        if self.failure is None:
+            self.failure = reason
+        self.requested = True
 
     def reinstall(self) -> None:
         """Take the signals back after `ray.init`, whose core worker installs a C++
