@@ -10,6 +10,7 @@ source with `python -c` in any Python 3.8+ image, no uerl image needed.
 """
 
 import asyncio
+import contextlib
 import signal
 import sys
 
@@ -43,9 +44,7 @@ async def _relay(client_reader, client_writer, host, port):
         client_writer.close()
         return
     try:
-        await asyncio.gather(
-            _pipe(client_reader, up_writer), _pipe(up_reader, client_writer)
-        )
+        await asyncio.gather(_pipe(client_reader, up_writer), _pipe(up_reader, client_writer))
     finally:
         for writer in (up_writer, client_writer):
             writer.close()
@@ -73,10 +72,8 @@ def main(argv):
     task = loop.create_task(serve(listen_port, host, port))
     # SIGTERM (pod deletion) stops at once: connections die with the game anyway.
     loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         loop.run_until_complete(task)
-    except asyncio.CancelledError:
-        pass
     return 0
 
 

@@ -118,7 +118,6 @@ class HeadSpec(_Spec):
     memory: Quantity = "4Gi"
 
 
-
 class RaySpec(_Spec):
     version: Text = Field(default=RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
     # None: derived from `version` (see `image_ref`).
@@ -137,7 +136,6 @@ class _NodeGroupSpec(_Spec):
     memory: Quantity = "2Gi"
     node_selector: dict[Text, Text] = {}
     tolerations: list[Toleration] = []
-
 
 
 class LearnerSpec(_NodeGroupSpec):
@@ -414,8 +412,7 @@ class Topology(_Spec):
     def ue_instance_host(self, index: int | str) -> str:
         # A StatefulSet pod's DNS name under its headless Service.
         return (
-            f"{self.ue_instance_name(index)}.{self.ue_set_name}."
-            f"{self.namespace}.svc.cluster.local"
+            f"{self.ue_instance_name(index)}.{self.ue_set_name}.{self.namespace}.svc.cluster.local"
         )
 
     def endpoints(self) -> Endpoints:

@@ -4,6 +4,7 @@ the game-port forwarder (TCP on 127.0.0.1)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -56,20 +57,30 @@ def run_loader(tmp_path: Path, archive: Path) -> Path:
     return dest
 
 
-@pytest.mark.skipif(shutil.which("unzip") is None, reason="the loader image has unzip; this host not")
+@pytest.mark.skipif(
+    shutil.which("unzip") is None, reason="the loader image has unzip; this host not"
+)
 def test_loader_restores_execute_bits_a_windows_zip_lost(tmp_path: Path) -> None:
     archive = tmp_path / "game.zip"
     windows_zip(
         archive,
-        ["Game.sh", "Game/Binaries/Linux/Game", "Engine/Binaries/Linux/CrashReportClient",
-         "Game/Content/Paks/Game.pak"],
+        [
+            "Game.sh",
+            "Game/Binaries/Linux/Game",
+            "Engine/Binaries/Linux/CrashReportClient",
+            "Game/Content/Paks/Game.pak",
+        ],
     )
     dest = run_loader(tmp_path, archive)
 
     def mode(name: str) -> int:
         return stat.S_IMODE((dest / name).stat().st_mode)
 
-    for runnable in ("Game.sh", "Game/Binaries/Linux/Game", "Engine/Binaries/Linux/CrashReportClient"):
+    for runnable in (
+        "Game.sh",
+        "Game/Binaries/Linux/Game",
+        "Engine/Binaries/Linux/CrashReportClient",
+    ):
         assert mode(runnable) & 0o111 == 0o111, runnable
     pak = mode("Game/Content/Paks/Game.pak")
     assert pak & 0o444 == 0o444 and pak & 0o111 == 0  # readable by the game's user, not executable
@@ -113,10 +124,8 @@ def start_forwarder(upstream_port: int) -> tuple[int, asyncio.AbstractEventLoop,
         asyncio.set_event_loop(loop)
         task = loop.create_task(forwarder.serve(0, "127.0.0.1", upstream_port, on_ready))
         task_box.append(task)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             loop.run_until_complete(task)
-        except asyncio.CancelledError:
-            pass
 
     threading.Thread(target=run, daemon=True).start()
     assert ready.wait(10), "forwarder did not start"
@@ -159,8 +168,14 @@ def test_forwarder_runs_as_python_c_with_port_arguments_like_the_pod() -> None:
     listen_port = probe.getsockname()[1]
     probe.close()
     proc = subprocess.Popen(
-        [sys.executable, "-c", Path(forwarder.__file__).read_text(), str(listen_port),
-         "127.0.0.1", str(game.port)],
+        [
+            sys.executable,
+            "-c",
+            Path(forwarder.__file__).read_text(),
+            str(listen_port),
+            "127.0.0.1",
+            str(game.port),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -282,7 +283,7 @@ def test_forwarder_runs_the_forwarder_module_source() -> None:
     from infra import forwarder
 
     forward = games_pod(built("dev-networked"))["containers"][1]
-    assert forward["command"][2] == open(forwarder.__file__).read()
+    assert forward["command"][2] == Path(forwarder.__file__).read_text()
 
 
 def test_networked_games_bound_to_all_interfaces_need_no_forwarder() -> None:
@@ -302,7 +303,9 @@ def test_networked_worker_pods_hold_only_the_ray_container() -> None:
 def test_every_container_states_the_topologys_image_pull_policy(variant: str) -> None:
     m = built(variant)
     pods = [g["template"]["spec"] for g in groups(m.raycluster).values()]
-    pods += [o["spec"]["template"]["spec"] for o in m.objects() if o["kind"] in ("StatefulSet", "Job")]
+    pods += [
+        o["spec"]["template"]["spec"] for o in m.objects() if o["kind"] in ("StatefulSet", "Job")
+    ]
     containers = [c for pod in pods for c in pod["containers"] + pod.get("initContainers", [])]
     assert len(containers) >= 4
     assert {c["imagePullPolicy"] for c in containers} == {"IfNotPresent"}
@@ -339,7 +342,9 @@ def test_waited_conditions_are_ones_kuberay_sets() -> None:
 
 def test_raycluster_timeout_covers_pull_game_startup_and_ray_start_in_the_sidecar_pattern() -> None:
     sidecar = dev_topology("topology.simulator.startup_timeout_s=1800")
-    networked = dev_topology("topology.simulator.startup_timeout_s=1800", "topology.pattern=networked")
+    networked = dev_topology(
+        "topology.simulator.startup_timeout_s=1800", "topology.pattern=networked"
+    )
     timeout = {
         t.pattern: int(annotations(manifests.build(t).raycluster)["pulumi.com/timeoutSeconds"])
         for t in (sidecar, networked)
@@ -404,7 +409,9 @@ def test_games_wait_for_a_build_copied_by_hand_too() -> None:
 
 def test_loader_timeout_comes_from_the_topology() -> None:
     m = manifests.build(
-        dev_topology(*TOPOLOGY_VARIANTS["unreal-sidecar-loader"], "topology.executables.loader_timeout_s=900")
+        dev_topology(
+            *TOPOLOGY_VARIANTS["unreal-sidecar-loader"], "topology.executables.loader_timeout_s=900"
+        )
     )
     assert annotations(m.loader_job)["pulumi.com/timeoutSeconds"] == "900"
 

@@ -208,5 +208,7 @@ def test_rescaling_the_networked_games_keeps_the_same_two_objects() -> None:
         rendered("topology.pattern=networked", f"topology.workers.replicas={n}") for n in (2, 4, 1)
     )
     assert two.keys() == four.keys() == one.keys()
-    replicas = [yaml.safe_load(r[("StatefulSet", "uerl-ue")])["spec"]["replicas"] for r in (two, four, one)]
+    replicas = [
+        yaml.safe_load(r[("StatefulSet", "uerl-ue")])["spec"]["replicas"] for r in (two, four, one)
+    ]
     assert replicas == [3, 5, 2]  # Y games + the discovery game (ordinal 0)

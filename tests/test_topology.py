@@ -189,7 +189,6 @@ def test_booleans_and_integers_typed_by_config_set_path_are_read_as_the_text_typ
     assert read(Topology.parse(data)) == expected
 
 
-
 def test_networked_loopback_games_listen_on_the_port_after_the_served_one() -> None:
     t = Topology.parse({"pattern": "networked"})
     assert (t.simulator.listen, t.forwards_game_port) == ("loopback", True)

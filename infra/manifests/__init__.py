@@ -14,7 +14,6 @@ from infra.manifests.common import K8sObject
 from infra.manifests.operator import ChartRelease
 from infra.topology import Topology
 
-
 # Where Pulumi.yaml is: relative paths in the topology (operator.chart_path) start here.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 

@@ -52,8 +52,11 @@ def local_chart_version(path: Path) -> str:
     else:
         with tarfile.open(path) as archive:
             member = next(
-                (m for m in archive.getmembers() if m.name.count("/") == 1
-                 and m.name.endswith("/Chart.yaml")),
+                (
+                    m
+                    for m in archive.getmembers()
+                    if m.name.count("/") == 1 and m.name.endswith("/Chart.yaml")
+                ),
                 None,
             )
             if member is None:
@@ -74,7 +77,9 @@ def resolve_chart_path(topology: Topology, project_root: Path) -> Path:
     assert spec.chart_path is not None
     path = (project_root / spec.chart_path).resolve()
     if not path.exists():
-        raise _error("chart_path", f"{path} does not exist (relative paths start at {project_root})")
+        raise _error(
+            "chart_path", f"{path} does not exist (relative paths start at {project_root})"
+        )
     try:
         version = local_chart_version(path)
     except (OSError, tarfile.TarError, yaml.YAMLError) as exc:

@@ -178,9 +178,7 @@ def statefulset(topology: Topology) -> K8sObject | None:
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": _selector(topology)},
             "template": {
-                "metadata": {
-                    "labels": labels(topology, name=APP_NAME, component=COMPONENT)
-                },
+                "metadata": {"labels": labels(topology, name=APP_NAME, component=COMPONENT)},
                 "spec": pod_spec,
             },
         },
