@@ -50,10 +50,15 @@ async def _relay(client_reader, client_writer, host, port):
             writer.close()
 
 
-async def serve(listen_port, host, port, ready=None):
-    """Serve until cancelled; `ready(bound_port)` is called once listening."""
+async def serve(listen_port, host, port, ready=None, listen_host=None):
+    """Serve until cancelled; `ready(bound_port)` is called once listening.
+
+    `listen_host` None: every interface, IPv4 and IPv6 (the pod IP of either)."""
     server = await asyncio.start_server(
-        lambda r, w: _relay(r, w, host, port), host=None, port=listen_port, reuse_address=True
+        lambda r, w: _relay(r, w, host, port),
+        host=listen_host,
+        port=listen_port,
+        reuse_address=True,
     )
     bound = server.sockets[0].getsockname()[1]
     print(f"forwarding :{bound} -> {host}:{port}", flush=True)
