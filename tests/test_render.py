@@ -212,3 +212,30 @@ def test_rescaling_the_networked_games_keeps_the_same_two_objects() -> None:
         yaml.safe_load(r[("StatefulSet", "uerl-ue")])["spec"]["replicas"] for r in (two, four, one)
     ]
     assert replicas == [3, 5, 2]  # Y games + the discovery game (ordinal 0)
+
+
+def test_relative_chart_path_renders_from_the_project_root_in_a_subdirectory(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(PROJECT_ROOT / "infra")
+    code, out, _ = run(
+        capsys,
+        "--stack",
+        "dev",
+        "--set",
+        "topology.operator.chart_path=../shared/charts/kuberay-operator-1.7.0",
+    )
+    header, _ = split_documents(out)
+    assert code == 0
+    assert str((PROJECT_ROOT.parent / "shared/charts/kuberay-operator-1.7.0").resolve()) in header
+
+
+def test_chart_version_mismatch_is_a_clear_error_naming_the_path(capsys) -> None:
+    code, _, err = run(
+        capsys,
+        "--set",
+        "topology.operator.chart_path=../shared/charts/kuberay-operator-1.7.0",
+        "--set",
+        "topology.operator.chart_version=1.8.0",
+    )
+    assert code == 2 and "topology.operator.chart_version" in err and "Traceback" not in err
