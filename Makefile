@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.uerl-installed
 
-.PHONY: setup local test lint bench render clean
+.PHONY: setup local test lint bench render images clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,17 @@ bench: $(STAMP)
 
 render: $(STAMP)
 	$(BIN)/uerl render --stack dev $(ARGS)
+
+# The two images a dev cluster runs (Ray head/learners/workers, and the mock
+# game), tagged as the topology's defaults say: infra/topology.py is the one
+# place the tags are written. Load them into the cluster afterwards (README).
+RAY_IMAGE = $(shell $(BIN)/python -c 'from infra.topology import Topology; print(Topology().ray.image_ref)')
+MOCK_IMAGE = $(shell $(BIN)/python -c 'from infra.topology import SIMULATOR_DEFAULTS as d; print(d["mock"]["image"])')
+DOCKER ?= docker
+
+images: $(STAMP)
+	$(DOCKER) build -f docker/ray.Dockerfile -t $(RAY_IMAGE) .
+	$(DOCKER) build -f docker/mock-ue.Dockerfile -t $(MOCK_IMAGE) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -21,7 +21,7 @@ from infra import manifests
 from infra.components import (
     KubeRayOperator,
     UeExecutablesVolume,
-    UeInstances,
+    UeGames,
     UerlRayCluster,
 )
 from infra.components.k8s import register
@@ -41,9 +41,17 @@ def load_topology() -> Topology:
         raise pulumi.RunError(str(exc)) from None
 
 
+# The project root (Pulumi.yaml): Pulumi runs this program in infra/, but
+# relative paths in the topology are the user's, relative to the project.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
 def main() -> None:
     topology = load_topology()
-    objects = manifests.build(topology)
+    try:
+        objects = manifests.build(topology, PROJECT_ROOT)
+    except TopologyError as exc:
+        raise pulumi.RunError(str(exc)) from None
 
     base: list[pulumi.Resource] = []
     if objects.namespace is not None:
@@ -74,8 +82,8 @@ def main() -> None:
     cluster_deps = [*operator_deps, *(game_deps if topology.pattern == "sidecar" else base)]
     UerlRayCluster(topology.name, objects.raycluster, objects.endpoints, depends_on=cluster_deps)
 
-    if objects.ue_instances:
-        UeInstances("ue-instances", objects.ue_instances, depends_on=game_deps)
+    if objects.ue_statefulset is not None and objects.ue_service is not None:
+        UeGames("ue-games", objects.ue_statefulset, objects.ue_service, depends_on=game_deps)
 
     pulumi.export("endpoints", topology.endpoints().model_dump(mode="json"))
 

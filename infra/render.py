@@ -110,8 +110,9 @@ def dump_object(obj: dict[str, Any]) -> str:
     return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
 
 
-def render(topology: Topology) -> str:
-    built = manifests.build(topology)
+def render(topology: Topology, project_root: Path | None = None) -> str:
+    """`project_root`: where relative topology paths start (default: this checkout)."""
+    built = manifests.build(topology, project_root or manifests.PROJECT_ROOT)
     header = [
         f"# uerl render: topology {topology.name!r}, pattern {topology.pattern}, "
         f"namespace {topology.namespace}"
@@ -156,10 +157,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         topology = build_topology(args, Path.cwd())
+        try:
+            # Relative paths (operator.chart_path) start at the project root, as in `pulumi up`.
+            root = find_project_root(Path.cwd())
+        except RenderError:
+            root = Path.cwd()
+        text = render(topology, root)
     except (RenderError, TopologyError) as exc:
         print(f"uerl render: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(render(topology))
+    sys.stdout.write(text)
     return 0
 
 

@@ -12,7 +12,16 @@ import re
 import string
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from infra.config_path import format_path
 from infra.endpoints import Endpoints, RayAddresses, Resources
@@ -35,6 +44,25 @@ QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|
 RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Pattern = Literal["sidecar", "networked"]
+
+
+ImagePullPolicy = Literal["IfNotPresent", "Always", "Never"]
+# The forwarder (networked pattern, loopback games) runs this image's `python`.
+FORWARDER_IMAGE = "python:3.11-slim"
+
+
+def _config_text(value: Any) -> Any:
+    """`pulumi config set --path` stores `true`/`false` as booleans and digits as
+    integers; in a string field they are the text the user typed."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    return value
+
+
+# Every string field of the spec: accepts what `pulumi config set --path` typed.
+Text = Annotated[str, BeforeValidator(_config_text)]
 
 
 class TopologyError(ValueError):
@@ -60,13 +88,13 @@ def _quantity(value: str) -> str:
     return value
 
 
-Quantity = Annotated[str, AfterValidator(_quantity)]
+Quantity = Annotated[str, BeforeValidator(_config_text), AfterValidator(_quantity)]
 
 
 class Toleration(_Spec):
-    key: str | None = None
+    key: Text | None = None
     operator: Literal["Exists", "Equal"] = "Equal"
-    value: str | None = None
+    value: Text | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = Field(default=None, ge=0)
 
@@ -90,11 +118,10 @@ class HeadSpec(_Spec):
     memory: Quantity = "4Gi"
 
 
-
 class RaySpec(_Spec):
-    version: str = Field(default=RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
+    version: Text = Field(default=RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
     # None: derived from `version` (see `image_ref`).
-    image: str | None = None
+    image: Text | None = None
     head: HeadSpec = HeadSpec()
 
     @property
@@ -107,9 +134,8 @@ class RaySpec(_Spec):
 class _NodeGroupSpec(_Spec):
     cpus: float = Field(default=1, gt=0)
     memory: Quantity = "2Gi"
-    node_selector: dict[str, str] = {}
+    node_selector: dict[Text, Text] = {}
     tolerations: list[Toleration] = []
-
 
 
 class LearnerSpec(_NodeGroupSpec):
@@ -125,7 +151,7 @@ class WorkerSpec(_NodeGroupSpec):
     """Y env-runner nodes, one UE instance each, each advertising `custom_resource`."""
 
     replicas: int = Field(default=2, ge=1, le=1000)
-    custom_resource: str = "ue_worker"
+    custom_resource: Text = "ue_worker"
 
     @field_validator("custom_resource")
     @classmethod
@@ -140,38 +166,52 @@ class WorkerSpec(_NodeGroupSpec):
 
 SIMULATOR_DEFAULTS: dict[str, dict[str, Any]] = {
     # A packaged Linux UE build runs from the shared volume; `{executable}` is
-    # the game's launcher inside it. Schola reads its port from -ScholaPort.
+    # the game's launcher inside it. Schola reads its port from -ScholaPort; the
+    # address it binds comes from the build's project settings (`simulator.listen`).
     "unreal": {
         "image": "ubuntu:22.04",
         "command": ["{executable}"],
         "args": ["-ScholaPort={port}", "-nullrhi", "-unattended", "-nosplash", "-nosound"],
     },
-    # The mock game (uerl mock-ue), for tests and dev clusters.
+    # The mock game (uerl mock-ue), for tests and dev clusters. It binds where
+    # `simulator.listen` says a build binds, so dev clusters exercise that path.
     "mock": {
         "image": "uerl/mock-ue:0.1.0",
         "command": ["uerl", "mock-ue"],
-        "args": ["--host", "0.0.0.0", "--port", "{port}"],
+        "args": ["--host", "{host}", "--port", "{port}"],
     },
 }
-PLACEHOLDERS = frozenset({"port", "executable"})
+PLACEHOLDERS = frozenset({"port", "executable", "host"})
+LOOPBACK = "127.0.0.1"
+ALL_INTERFACES = "0.0.0.0"
 
 
 class SimulatorSpec(_Spec):
     """The game: one instance per env runner (plus an optional discovery instance)."""
 
     kind: Literal["unreal", "mock"] = "unreal"
-    image: str | None = None
+    image: Text | None = None
     # Path of the game launcher relative to `executables.mount_path`.
-    executable: str = "Game.sh"
-    command: list[str] | None = None
-    args: list[str] | None = None
+    executable: Text = "Game.sh"
+    command: list[Text] | None = None
+    args: list[Text] | None = None
+    # The port env runners connect to (the endpoints' `port`).
     port: int = Field(default=50051, ge=1, le=65535)
+    # Where the build's gRPC server binds. `loopback`: Schola's default
+    # (RPCServerSettings.Address 127.0.0.1; -ScholaPort changes only the port).
+    # `all_interfaces`: a build packaged to bind 0.0.0.0.
+    listen: Literal["loopback", "all_interfaces"] = "loopback"
+    # Networked pattern with a loopback game: the game listens on 127.0.0.1 on
+    # this port and a forwarder in its pod serves `port` on the pod IP.
+    # None: `port` + 1 (`port` - 1 for 65535).
+    internal_port: int | None = Field(default=None, ge=1, le=65535)
+    forwarder_image: Text = FORWARDER_IMAGE
     cpus: float = Field(default=2, gt=0)
     memory: Quantity = "4Gi"
     gpus: int = Field(default=0, ge=0, le=16)
-    env: dict[str, str] = {}
+    env: dict[Text, Text] = {}
     startup_timeout_s: float = Field(default=120, gt=0, le=3600)
-    # `dedicated`: a separate instance `ue-disc` answers discovery (networked);
+    # `dedicated`: a separate instance (ordinal 0) answers discovery (networked);
     # `worker1`: discovery reuses instance 1 (a game serves one client at a time,
     # and discovery closes its session before training starts).
     discovery: Literal["dedicated", "worker1"] = "dedicated"
@@ -192,13 +232,44 @@ class SimulatorSpec(_Spec):
                 )
         return value
 
+    @model_validator(mode="after")
+    def _internal_port_differs(self) -> SimulatorSpec:
+        if self.internal_port == self.port:
+            raise ValueError(
+                f"internal_port {self.internal_port} equals port: the forwarder serves "
+                "`port`, the game must listen on another one"
+            )
+        return self
+
     @property
     def image_ref(self) -> str:
         return self.image or SIMULATOR_DEFAULTS[self.kind]["image"]
 
-    def render_command(self, mount_path: str) -> tuple[list[str], list[str]]:
-        """(command, args) with `{port}` and `{executable}` substituted."""
-        values = {"port": self.port, "executable": f"{mount_path.rstrip('/')}/{self.executable}"}
+    @property
+    def loopback(self) -> bool:
+        return self.listen == "loopback"
+
+    @property
+    def host(self) -> str:
+        return LOOPBACK if self.loopback else ALL_INTERFACES
+
+    @property
+    def forwarded_port(self) -> int:
+        """The game's own port behind a forwarder."""
+        if self.internal_port is not None:
+            return self.internal_port
+        return self.port + 1 if self.port < 65535 else self.port - 1
+
+    def render_command(
+        self, mount_path: str, *, port: int | None = None
+    ) -> tuple[list[str], list[str]]:
+        """(command, args) with `{port}` (the game's listening port, default `port`),
+        `{host}` and `{executable}` substituted."""
+        values = {
+            "port": self.port if port is None else port,
+            "host": self.host,
+            "executable": f"{mount_path.rstrip('/')}/{self.executable}",
+        }
         defaults = SIMULATOR_DEFAULTS[self.kind]
         command = self.command if self.command is not None else defaults["command"]
         args = self.args if self.args is not None else defaults["args"]
@@ -212,16 +283,19 @@ class ExecutablesSpec(_Spec):
     """The shared volume holding the packaged game, mounted read-only into every UE container."""
 
     # Use this PersistentVolumeClaim instead of creating one.
-    existing_claim: str | None = None
+    existing_claim: Text | None = None
     size: Quantity = "20Gi"
-    storage_class: str | None = None
+    storage_class: Text | None = None
     access_mode: Literal["ReadWriteMany", "ReadOnlyMany"] = "ReadWriteMany"
-    mount_path: str = Field(default="/opt/ue", pattern=r"^/\S*$")
+    mount_path: Text = Field(default="/opt/ue", pattern=r"^/\S*$")
     # A build archive (.zip / .tar.gz) unpacked into the volume by a one-off Job.
-    source_url: str | None = Field(default=None, pattern=r"^(https?|s3|gs)://\S+$")
+    source_url: Text | None = Field(default=None, pattern=r"^(https?|s3|gs)://\S+$")
     # Image of that Job and of the init containers waiting for it (needs sh,
     # wget, tar, unzip: alpine has them; s3:// needs `aws`, gs:// `gsutil`).
-    loader_image: str = "alpine:3.20"
+    loader_image: Text = "alpine:3.20"
+    # How long `pulumi up` waits for the loader Job. A claim the storage cannot
+    # provide (no ReadWriteMany) keeps the Job pending for all of it.
+    loader_timeout_s: int = Field(default=3600, ge=60, le=86400)
 
     @field_validator("existing_claim")
     @classmethod
@@ -233,12 +307,19 @@ class OperatorSpec(_Spec):
     """The KubeRay operator (Helm chart `kuberay-operator`)."""
 
     install: bool = True
-    chart_version: str = KUBERAY_CHART_VERSION
-    repository: str = KUBERAY_REPOSITORY
-    # A local chart directory or .tgz, for air-gapped clusters (wins over repository).
-    chart_path: str | None = None
+    chart_version: Text = KUBERAY_CHART_VERSION
+    repository: Text = KUBERAY_REPOSITORY
+    # A local chart directory or .tgz, for air-gapped clusters (wins over
+    # repository). Relative paths are relative to the project root (Pulumi.yaml).
+    chart_path: Text | None = None
+    # Helm values for the chart, e.g. {image: {repository: mirror/kuberay/operator}}.
+    values: dict[str, Any] = {}
+    # The chart's CRDs. `install`: created with the chart (fails with AlreadyExists
+    # if a former KubeRay left them: Helm never deletes CRDs); `adopt`: take over
+    # existing ones and update them to the chart's; `skip`: leave them as they are.
+    crds: Literal["install", "adopt", "skip"] = "install"
     # None: the topology's namespace.
-    namespace: str | None = None
+    namespace: Text | None = None
 
     @field_validator("namespace")
     @classmethod
@@ -251,10 +332,16 @@ class Topology(_Spec):
 
     # Prefix of every object; the RayCluster's name. Short enough that KubeRay's
     # derived names (`<name>-head-svc`, pods with suffixes) stay valid.
-    name: str = "uerl"
-    namespace: str = "uerl"
+    name: Text = "uerl"
+    namespace: Text = "uerl"
     create_namespace: bool = True
     pattern: Pattern = "sidecar"
+    # Applied to every container uerl creates. IfNotPresent: images loaded into
+    # kind/k3d/minikube are used as loaded; a rebuilt image needs a new tag.
+    image_pull_policy: ImagePullPolicy = "IfNotPresent"
+    # Time allowed for pulling images on top of every start-up wait `pulumi up`
+    # makes (UE and Ray images are several GB).
+    image_pull_timeout_s: int = Field(default=600, ge=0, le=7200)
     ray: RaySpec = RaySpec()
     learners: LearnerSpec = LearnerSpec()
     workers: WorkerSpec = WorkerSpec()
@@ -292,20 +379,51 @@ class Topology(_Spec):
     def has_dedicated_discovery(self) -> bool:
         return self.pattern == "networked" and self.simulator.discovery == "dedicated"
 
+    @property
+    def forwards_game_port(self) -> bool:
+        """Networked games bound to loopback are reached through a forwarder in their pod."""
+        return self.pattern == "networked" and self.simulator.loopback
+
+    @property
+    def game_listen_port(self) -> int:
+        """The port the game itself listens on."""
+        return self.simulator.forwarded_port if self.forwards_game_port else self.simulator.port
+
+    @property
+    def ue_set_name(self) -> str:
+        """The networked games' StatefulSet and headless Service, `<name>-ue`.
+
+        Prefixed with the topology's name so two stacks can share a namespace."""
+        return f"{self.name}-ue"
+
+    @property
+    def ue_first_ordinal(self) -> int:
+        """Ordinal 0 is the dedicated discovery game; env runner i's game is ordinal i."""
+        return 0 if self.has_dedicated_discovery else 1
+
+    @property
+    def ue_replicas(self) -> int:
+        return self.workers.replicas + (1 - self.ue_first_ordinal)
+
     def ue_instance_name(self, index: int | str) -> str:
-        """`ue-1` ... `ue-Y`, and `ue-disc` for the dedicated discovery instance."""
-        return f"ue-{index}"
+        """Pod (and DNS) name of game `index`: `<name>-ue-1` ... `<name>-ue-Y`, `<name>-ue-0`."""
+        return f"{self.ue_set_name}-{index}"
+
+    def ue_instance_host(self, index: int | str) -> str:
+        # A StatefulSet pod's DNS name under its headless Service.
+        return (
+            f"{self.ue_instance_name(index)}.{self.ue_set_name}.{self.namespace}.svc.cluster.local"
+        )
 
     def endpoints(self) -> Endpoints:
         """The endpoints object for this topology deployed on Kubernetes."""
         port = self.simulator.port
-        svc = f"{self.namespace}.svc.cluster.local"
         if self.pattern == "sidecar":
             template, discovery = "localhost", f"localhost:{port}"
         else:
-            template = f"{self.ue_instance_name('{worker_index}')}.{svc}"
-            disc = self.ue_instance_name("disc" if self.has_dedicated_discovery else 1)
-            discovery = f"{disc}.{svc}:{port}"
+            # The one place game host names are spelled: env runners expand the template.
+            template = self.ue_instance_host("{worker_index}")
+            discovery = f"{self.ue_instance_host(self.ue_first_ordinal)}:{port}"
         head = self.head_service_host
         return Endpoints(
             namespace=self.namespace,

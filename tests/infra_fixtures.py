@@ -47,6 +47,11 @@ TOPOLOGY_VARIANTS: dict[str, list[str]] = {
         "topology.learners.tolerations[0].effect=NoSchedule",
         "topology.workers.cpus=1.5",
     ],
+    "networked-all-interfaces": [
+        "topology.pattern=networked",
+        "topology.simulator.listen=all_interfaces",
+        "topology.image_pull_policy=IfNotPresent",
+    ],
     "networked-worker1-discovery": [
         "topology.pattern=networked",
         "topology.simulator.discovery=worker1",

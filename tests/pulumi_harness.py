@@ -5,7 +5,8 @@ is global) by tests/infra_fixtures.py:
 
     python tests/pulumi_harness.py  # config in env PULUMI_CONFIG, cwd = project root
 
-Report: {"resources": [{type, name, custom, parent, dependencies, inputs}],
+Report: {"resources": [{type, name, custom, parent, dependencies, inputs, providers,
+                        customTimeouts}],
          "exports": {...}, "error": null | {"type": ..., "message": ...}}
 """
 
@@ -34,6 +35,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
+def _timeouts(request: Any) -> dict[str, str] | None:
+    if not request.HasField("customTimeouts"):
+        return None
+    t = request.customTimeouts
+    values = {"create": t.create, "update": t.update, "delete": t.delete}
+    return {k: v for k, v in values.items() if v} or None
+
+
 class RecordingMonitor(MockMonitor):
     """Also records what MockResourceArgs omits: parent and dependencies."""
 
@@ -53,6 +62,10 @@ class RecordingMonitor(MockMonitor):
                     "parent": request.parent,
                     "dependencies": list(request.dependencies),
                     "inputs": pulumi.runtime.rpc.deserialize_properties(request.object),
+                    # Provider references a component hands down / a resource uses.
+                    "providers": dict(request.providers),
+                    "provider": request.provider or None,
+                    "customTimeouts": _timeouts(request),
                 }
             )
         return response

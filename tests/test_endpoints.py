@@ -15,16 +15,17 @@ NETWORKED = Topology.parse({"pattern": "networked", "namespace": "rl", "workers"
 SIDECAR = Topology.parse({"pattern": "sidecar", "learners": {"replicas": 2}})
 
 
-def test_networked_endpoints_name_the_per_instance_services() -> None:
+def test_networked_endpoints_name_each_game_pod_under_the_headless_service() -> None:
     e = NETWORKED.endpoints()
-    assert e.worker_url_template == "ue-{worker_index}.rl.svc.cluster.local"
-    assert e.worker_endpoint(3) == "ue-3.rl.svc.cluster.local:50051"
-    assert e.discovery_endpoint == "ue-disc.rl.svc.cluster.local:50051"
+    assert e.worker_url_template == "uerl-ue-{worker_index}.uerl-ue.rl.svc.cluster.local"
+    assert e.worker_endpoint(3) == "uerl-ue-3.uerl-ue.rl.svc.cluster.local:50051"
+    # The dedicated discovery game is ordinal 0 of the same StatefulSet.
+    assert e.discovery_endpoint == "uerl-ue-0.uerl-ue.rl.svc.cluster.local:50051"
 
 
-def test_networked_discovery_on_worker1_points_at_ue_1() -> None:
+def test_networked_discovery_on_worker1_points_at_game_1() -> None:
     t = Topology.parse({"pattern": "networked", "simulator": {"discovery": "worker1"}})
-    assert t.endpoints().discovery_endpoint == "ue-1.uerl.svc.cluster.local:50051"
+    assert t.endpoints().discovery_endpoint == "uerl-ue-1.uerl-ue.uerl.svc.cluster.local:50051"
 
 
 def test_sidecar_endpoints_point_at_localhost() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -66,7 +67,7 @@ def test_every_object_and_pod_template_carries_the_recommended_labels(variant: s
     templates = [
         g["template"] for o in objects if o["kind"] == "RayCluster" for g in groups(o).values()
     ]
-    templates += [o["spec"]["template"] for o in objects if o["kind"] in ("Deployment", "Job")]
+    templates += [o["spec"]["template"] for o in objects if o["kind"] in ("StatefulSet", "Job")]
     assert templates
     for meta in [o["metadata"] for o in objects] + [t["metadata"] for t in templates]:
         assert set(meta["labels"]) >= LABEL_KEYS, meta
@@ -144,68 +145,224 @@ def test_custom_resource_name_comes_from_the_topology() -> None:
 # -- the game's container -------------------------------------------------------------------
 
 
-def test_sidecar_puts_the_game_second_in_worker_pods_with_the_build_read_only() -> None:
+def worker_pod(m: manifests.Manifests) -> dict[str, Any]:
+    return groups(m.raycluster)["workers"]["template"]["spec"]
+
+
+def games_pod(m: manifests.Manifests) -> dict[str, Any]:
+    assert m.ue_statefulset is not None
+    return m.ue_statefulset["spec"]["template"]["spec"]
+
+
+def sidecar_game(m: manifests.Manifests) -> dict[str, Any]:
+    (game,) = [c for c in worker_pod(m)["initContainers"] if c["name"] == "ue"]
+    return game
+
+
+def test_sidecar_game_is_a_native_sidecar_started_before_the_ray_container() -> None:
+    spec = worker_pod(built("unreal-sidecar-loader"))
+    assert [c["name"] for c in spec["containers"]] == ["ray-worker"]
+    # Init containers run in order: the build is there, then the game answers.
+    assert [c["name"] for c in spec["initContainers"]] == ["wait-for-build", "ue"]
+    game = spec["initContainers"][1]
+    assert game["restartPolicy"] == "Always"  # restarted by the kubelet, not a one-off init
+    assert "startupProbe" in game  # what holds the Ray container back
+
+
+def test_worker_pods_keep_the_default_restart_policy_and_no_autoscaler() -> None:
+    # KubeRay forces restartPolicy Never only with autoscaler v2, which uerl does not enable.
+    cluster = built("dev-sidecar").raycluster
+    assert "enableInTreeAutoscaling" not in cluster["spec"]
+    assert "autoscalerOptions" not in cluster["spec"]
+    for group in groups(cluster).values():
+        assert "restartPolicy" not in group["template"]["spec"]
+
+
+def test_sidecar_game_runs_the_build_read_only_with_schola_on_the_served_port() -> None:
     m = built("unreal-sidecar-loader")
-    spec = groups(m.raycluster)["workers"]["template"]["spec"]
-    ray, ue = spec["containers"]
-    assert ray["name"] == "ray-worker" and ue["name"] == "ue"
+    ue = sidecar_game(m)
     assert ue["command"] == ["/opt/ue/Game.sh"]
     assert "-ScholaPort=50051" in ue["args"]
     assert ue["volumeMounts"] == [
         {"name": "ue-executables", "mountPath": "/opt/ue", "readOnly": True}
     ]
-    assert spec["volumes"][0]["persistentVolumeClaim"] == {
+    assert worker_pod(m)["volumes"][0]["persistentVolumeClaim"] == {
         "claimName": "uerl-ue-executables",
         "readOnly": True,
     }
-    assert ue["readinessProbe"]["tcpSocket"] == {"port": 50051}
+
+
+LOOPBACK_PROBE = {"exec": {"command": ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/50051"]}}
+
+
+def test_loopback_games_are_probed_from_inside_their_container_where_they_listen() -> None:
+    ue = sidecar_game(built("unreal-sidecar-loader"))
+    for probe in ("startupProbe", "readinessProbe"):
+        assert ue[probe]["exec"] == LOOPBACK_PROBE["exec"]
+        assert "tcpSocket" not in ue[probe]
+
+
+def test_games_bound_to_all_interfaces_are_probed_over_tcp_on_the_pod_ip() -> None:
+    ue = sidecar_game(manifests.build(dev_topology("topology.simulator.listen=all_interfaces")))
+    assert ue["startupProbe"]["tcpSocket"] == ue["readinessProbe"]["tcpSocket"] == {"port": 50051}
 
 
 def test_mock_games_need_no_executables_volume() -> None:
     m = built("dev-sidecar")
-    spec = groups(m.raycluster)["workers"]["template"]["spec"]
+    spec = worker_pod(m)
     assert m.pvc is None and "volumes" not in spec
-    assert spec["containers"][1]["command"] == ["uerl", "mock-ue"]
+    assert [c["name"] for c in spec["initContainers"]] == ["ue"]
+    assert sidecar_game(m)["command"] == ["uerl", "mock-ue"]
 
 
 def test_startup_probe_allows_the_configured_startup_timeout() -> None:
-    topology = dev_topology("topology.simulator.startup_timeout_s=300")
-    ue = manifests.build(topology).raycluster["spec"]["workerGroupSpecs"][1]["template"]["spec"][
-        "containers"
-    ][1]
+    ue = sidecar_game(manifests.build(dev_topology("topology.simulator.startup_timeout_s=300")))
     probe = ue["startupProbe"]
     assert probe["periodSeconds"] * probe["failureThreshold"] == 300
 
 
-def test_networked_games_are_single_replica_deployments_behind_clusterip_services() -> None:
+def test_networked_games_are_one_parallel_statefulset_numbered_from_1() -> None:
+    m = built("networked-worker1-discovery")
+    assert m.ue_statefulset is not None
+    spec = m.ue_statefulset["spec"]
+    assert (spec["replicas"], spec["ordinals"], spec["podManagementPolicy"]) == (
+        2,
+        {"start": 1},
+        "Parallel",
+    )
+    assert spec["serviceName"] == m.ue_statefulset["metadata"]["name"] == "uerl-ue"
+
+
+def test_dedicated_discovery_game_is_ordinal_0_of_the_same_statefulset() -> None:
     m = built("dev-networked")
-    assert [i.name for i in m.ue_instances] == ["ue-disc", "ue-1", "ue-2"]
-    for instance in m.ue_instances:
-        dep, svc = instance.deployment, instance.service
-        assert dep["spec"]["replicas"] == 1
-        pod_labels = dep["spec"]["template"]["metadata"]["labels"]
-        assert dep["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-        assert svc["spec"]["type"] == "ClusterIP"
-        assert svc["spec"]["selector"].items() <= pod_labels.items()
-        (ue,) = dep["spec"]["template"]["spec"]["containers"]
-        assert ue["readinessProbe"]["tcpSocket"] == {"port": 50051}
-        assert svc["spec"]["ports"][0]["port"] == 50051
+    assert m.ue_statefulset is not None
+    spec = m.ue_statefulset["spec"]
+    assert (spec["replicas"], spec["ordinals"]) == (3, {"start": 0})
+    discovery_host = m.topology.endpoints().discovery_endpoint.split(":")[0]
+    assert discovery_host.startswith("uerl-ue-0.uerl-ue.")
 
 
-def test_each_service_selects_only_its_own_game() -> None:
-    selectors = [
-        json.dumps(i.service["spec"]["selector"]) for i in built("dev-networked").ue_instances
-    ]
-    assert len(set(selectors)) == len(selectors) == 3
+def test_games_service_is_headless_and_selects_the_statefulsets_pods() -> None:
+    m = built("dev-networked")
+    assert m.ue_service is not None and m.ue_statefulset is not None
+    svc = m.ue_service["spec"]
+    assert svc["clusterIP"] == "None"
+    pod_labels = m.ue_statefulset["spec"]["template"]["metadata"]["labels"]
+    assert svc["selector"].items() <= pod_labels.items()
+    assert m.ue_statefulset["spec"]["selector"]["matchLabels"] == svc["selector"]
+    assert svc["ports"][0]["port"] == 50051
+
+
+def test_each_game_pods_dns_name_is_what_the_endpoints_template_expands_to() -> None:
+    m = built("dev-networked")
+    assert m.ue_statefulset is not None and m.ue_service is not None
+    ns, sts, svc = (
+        m.topology.namespace,
+        m.ue_statefulset["metadata"]["name"],
+        m.ue_service["metadata"]["name"],
+    )
+    endpoints = m.topology.endpoints()
+    for i in range(1, endpoints.num_env_runners + 1):
+        # Kubernetes names StatefulSet pods <sts>-<ordinal>, resolvable under the headless service.
+        assert endpoints.worker_endpoint(i) == f"{sts}-{i}.{svc}.{ns}.svc.cluster.local:50051"
+
+
+def test_networked_loopback_game_listens_on_the_internal_port_behind_a_forwarder() -> None:
+    pod = games_pod(built("dev-networked"))
+    game, forward = pod["containers"]
+    assert game["args"] == ["--host", "127.0.0.1", "--port", "50052"]
+    assert "ports" not in game  # nothing reachable on the pod IP
+    assert forward["command"][:2] == ["python", "-c"]
+    assert forward["args"] == ["50051", "127.0.0.1", "50052"]
+    assert forward["ports"] == [{"name": "schola", "containerPort": 50051, "protocol": "TCP"}]
+    assert forward["readinessProbe"]["tcpSocket"] == {"port": 50051}
+    assert game["readinessProbe"]["exec"]["command"][-1].endswith("/127.0.0.1/50052")
+
+
+def test_forwarder_runs_the_forwarder_module_source() -> None:
+    from infra import forwarder
+
+    forward = games_pod(built("dev-networked"))["containers"][1]
+    assert forward["command"][2] == Path(forwarder.__file__).read_text()
+
+
+def test_networked_games_bound_to_all_interfaces_need_no_forwarder() -> None:
+    pod = games_pod(built("networked-all-interfaces"))
+    (game,) = pod["containers"]
+    assert game["args"] == ["--host", "0.0.0.0", "--port", "50051"]
+    assert game["readinessProbe"]["tcpSocket"] == {"port": 50051}
 
 
 def test_networked_worker_pods_hold_only_the_ray_container() -> None:
-    spec = groups(built("dev-networked").raycluster)["workers"]["template"]["spec"]
+    spec = worker_pod(built("dev-networked"))
     assert [c["name"] for c in spec["containers"]] == ["ray-worker"]
+    assert "initContainers" not in spec
 
 
-def test_discovery_reusing_instance_1_creates_no_ue_disc() -> None:
-    assert [i.name for i in built("networked-worker1-discovery").ue_instances] == ["ue-1", "ue-2"]
+@ALL
+def test_every_container_states_the_topologys_image_pull_policy(variant: str) -> None:
+    m = built(variant)
+    pods = [g["template"]["spec"] for g in groups(m.raycluster).values()]
+    pods += [
+        o["spec"]["template"]["spec"] for o in m.objects() if o["kind"] in ("StatefulSet", "Job")
+    ]
+    containers = [c for pod in pods for c in pod["containers"] + pod.get("initContainers", [])]
+    assert len(containers) >= 4
+    assert {c["imagePullPolicy"] for c in containers} == {"IfNotPresent"}
+
+
+def test_image_pull_policy_comes_from_the_topology() -> None:
+    m = manifests.build(dev_topology("topology.image_pull_policy=Always"))
+    assert sidecar_game(m)["imagePullPolicy"] == "Always"
+
+
+# -- what `pulumi up` waits for, and how long -----------------------------------------------
+
+
+def annotations(obj: dict[str, Any] | None) -> dict[str, str]:
+    assert obj is not None
+    return obj["metadata"]["annotations"]
+
+
+def test_pod_template_changes_recreate_the_ray_pods() -> None:
+    assert built("dev-sidecar").raycluster["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+
+
+def test_pulumi_waits_for_the_raycluster_head_and_all_pods_ready() -> None:
+    wait_for = json.loads(annotations(built("dev-sidecar").raycluster)["pulumi.com/waitFor"])
+    assert wait_for == ["condition=HeadPodReady", "condition=RayClusterProvisioned"]
+
+
+def test_waited_conditions_are_ones_kuberay_sets() -> None:
+    # KubeRay v1.7.0 RayClusterConditionType values (apis/ray/v1/raycluster_types.go).
+    kuberay_conditions = {"RayClusterProvisioned", "HeadPodReady", "ReplicaFailure"}
+    wait_for = json.loads(annotations(built("dev-sidecar").raycluster)["pulumi.com/waitFor"])
+    assert {w.removeprefix("condition=") for w in wait_for} <= kuberay_conditions
+
+
+def test_raycluster_timeout_covers_pull_game_startup_and_ray_start_in_the_sidecar_pattern() -> None:
+    sidecar = dev_topology("topology.simulator.startup_timeout_s=1800")
+    networked = dev_topology(
+        "topology.simulator.startup_timeout_s=1800", "topology.pattern=networked"
+    )
+    timeout = {
+        t.pattern: int(annotations(manifests.build(t).raycluster)["pulumi.com/timeoutSeconds"])
+        for t in (sidecar, networked)
+    }
+    # 600 s pull margin + 300 s for KubeRay and `ray start`; sidecar games gate the Ray container.
+    assert timeout == {"sidecar": 600 + 1800 + 300, "networked": 600 + 300}
+
+
+def test_games_timeout_is_the_pull_margin_plus_the_startup_timeout() -> None:
+    m = manifests.build(
+        dev_topology(
+            "topology.pattern=networked",
+            "topology.simulator.startup_timeout_s=3600",
+            "topology.image_pull_timeout_s=900",
+        )
+    )
+    for obj in (m.ue_statefulset, m.ue_service):
+        assert annotations(obj)["pulumi.com/timeoutSeconds"] == str(900 + 3600)
 
 
 # -- executables volume and loader ------------------------------------------------------------
@@ -224,7 +381,7 @@ def test_created_claim_is_read_write_many_with_the_configured_size_and_class() -
 def test_existing_claim_is_used_not_created() -> None:
     m = built("unreal-networked-gpu")
     assert m.pvc is None
-    volumes = m.ue_instances[0].deployment["spec"]["template"]["spec"]["volumes"]
+    volumes = games_pod(m)["volumes"]
     assert volumes[0]["persistentVolumeClaim"]["claimName"] == "shared-builds"
 
 
@@ -238,8 +395,25 @@ def test_loader_job_writes_the_marker_that_games_wait_for() -> None:
     assert m.loader_job is not None
     script = m.loader_job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
     assert f"/opt/ue/{READY_MARKER}" in script and "unzip" in script
-    (wait,) = m.ue_instances[0].deployment["spec"]["template"]["spec"]["initContainers"]
+    (wait,) = games_pod(m)["initContainers"]
     assert f"/opt/ue/{READY_MARKER}" in wait["command"][-1]
+
+
+def test_games_wait_for_a_build_copied_by_hand_too() -> None:
+    # No loader: the README's manual copy writes the marker last.
+    m = manifests.build(dev_topology("topology.simulator.kind=unreal"))
+    assert m.loader_job is None
+    (wait, _game) = worker_pod(m)["initContainers"]
+    assert wait["name"] == "wait-for-build" and READY_MARKER in wait["command"][-1]
+
+
+def test_loader_timeout_comes_from_the_topology() -> None:
+    m = manifests.build(
+        dev_topology(
+            *TOPOLOGY_VARIANTS["unreal-sidecar-loader"], "topology.executables.loader_timeout_s=900"
+        )
+    )
+    assert annotations(m.loader_job)["pulumi.com/timeoutSeconds"] == "900"
 
 
 # -- endpoints on the head --------------------------------------------------------------------
@@ -261,9 +435,7 @@ def test_endpoints_configmap_holds_the_topologys_endpoints() -> None:
 
 
 def test_unreal_games_run_as_a_non_root_user_with_a_writable_home() -> None:
-    ue = built("unreal-networked-gpu").ue_instances[0].deployment["spec"]["template"]["spec"][
-        "containers"
-    ][0]
+    ue = games_pod(built("unreal-networked-gpu"))["containers"][0]
     assert ue["securityContext"]["runAsNonRoot"] is True
     assert {"name": "HOME", "value": "/tmp"} in ue["env"]
     assert {"name": "UE_LOG", "value": "verbose"} in ue["env"]

@@ -6,7 +6,13 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from infra_fixtures import dev_topology, integral_floats_to_int, resources_of, run_program
+from infra_fixtures import (
+    PROJECT_ROOT,
+    dev_topology,
+    integral_floats_to_int,
+    resources_of,
+    run_program,
+)
 
 from infra import manifests
 from infra.endpoints import Endpoints
@@ -52,16 +58,31 @@ def test_sidecar_dev_stack_creates_operator_namespace_endpoints_and_raycluster(s
     }
 
 
-def test_networked_dev_stack_adds_a_deployment_and_service_per_game(networked) -> None:
+STATEFULSET = "kubernetes:apps/v1:StatefulSet"
+SERVICE = "kubernetes:core/v1:Service"
+
+
+def test_networked_dev_stack_adds_one_statefulset_and_one_service_for_all_games(networked) -> None:
     counts = type_counts(networked)
-    assert counts["kubernetes:apps/v1:Deployment"] == counts["kubernetes:core/v1:Service"] == 3
-    assert set(resources_of(networked, "kubernetes:apps/v1:Deployment")) == {
-        "ue-disc",
-        "ue-1",
-        "ue-2",
-    }
-    for game in resources_of(networked, "kubernetes:apps/v1:Deployment").values():
-        assert game["parent"] == "uerl:infra:UeInstances::ue-instances"
+    assert (counts[STATEFULSET], counts[SERVICE], counts["kubernetes:apps/v1:Deployment"]) == (
+        1,
+        1,
+        0,
+    )
+    for game in (
+        *resources_of(networked, STATEFULSET).values(),
+        *resources_of(networked, SERVICE).values(),
+    ):
+        assert game["name"] == "uerl-ue"
+        assert game["parent"] == "uerl:infra:UeGames::ue-games"
+
+
+@pytest.mark.parametrize("replicas", [10, 100])
+def test_resource_count_does_not_grow_with_the_number_of_games(replicas: int) -> None:
+    report = run_program(*NETWORKED, f"topology.workers.replicas={replicas}")
+    assert sum(type_counts(report).values()) == sum(type_counts(run_program(*NETWORKED)).values())
+    (games,) = resources_of(report, STATEFULSET).values()
+    assert games["inputs"]["spec"]["replicas"] == replicas + 1
 
 
 def test_chart_is_pinned_to_the_configured_version(sidecar) -> None:
@@ -74,11 +95,61 @@ def test_chart_is_pinned_to_the_configured_version(sidecar) -> None:
     assert chart["dependencies"] == ["kubernetes:core/v1:Namespace::uerl"]
 
 
-def test_local_chart_path_replaces_the_repository() -> None:
-    report = run_program("topology.operator.chart_path=charts/kuberay-operator-1.7.0.tgz")
+SHARED_CHART = "../shared/charts/kuberay-operator-1.7.0"
+
+
+def test_relative_chart_path_resolves_against_the_project_root_not_infra() -> None:
+    # Pulumi runs the program (and the provider that reads the chart) in infra/.
+    report = run_program(f"topology.operator.chart_path={SHARED_CHART}")
     (chart,) = resources_of(report, "kubernetes:helm.sh/v4:Chart").values()
-    assert chart["inputs"]["chart"] == "charts/kuberay-operator-1.7.0.tgz"
+    assert chart["inputs"]["chart"] == str((PROJECT_ROOT / SHARED_CHART).resolve())
     assert "repositoryOpts" not in chart["inputs"]
+
+
+def test_local_chart_of_another_version_fails_naming_chart_version() -> None:
+    report = run_program(
+        f"topology.operator.chart_path={SHARED_CHART}", "topology.operator.chart_version=1.6.0"
+    )
+    assert report["error"]["type"] == "RunError"
+    message = report["error"]["message"]
+    assert "topology.operator.chart_version" in message and "'1.7.0'" in message
+
+
+def test_missing_local_chart_fails_naming_chart_path() -> None:
+    report = run_program("topology.operator.chart_path=charts/nope.tgz")
+    assert report["error"]["type"] == "RunError"
+    assert "topology.operator.chart_path" in report["error"]["message"]
+    assert str(PROJECT_ROOT / "charts" / "nope.tgz") in report["error"]["message"]
+
+
+def test_operator_values_are_passed_to_the_chart() -> None:
+    report = run_program("topology.operator.values.image.repository=mirror.local/kuberay/operator")
+    (chart,) = resources_of(report, "kubernetes:helm.sh/v4:Chart").values()
+    assert chart["inputs"]["values"] == {"image": {"repository": "mirror.local/kuberay/operator"}}
+
+
+def test_chart_installs_its_crds_by_default_with_the_default_provider(sidecar) -> None:
+    (chart,) = resources_of(sidecar, "kubernetes:helm.sh/v4:Chart").values()
+    assert "skipCrds" not in chart["inputs"]
+    assert "pulumi:providers:kubernetes" not in type_counts(sidecar)
+
+
+def test_crds_skip_leaves_existing_crds_alone() -> None:
+    report = run_program("topology.operator.crds=skip")
+    (chart,) = resources_of(report, "kubernetes:helm.sh/v4:Chart").values()
+    assert chart["inputs"]["skipCrds"] is True
+
+
+def test_crds_adopt_installs_the_chart_through_a_provider_that_upserts_existing_objects() -> None:
+    report = run_program("topology.operator.crds=adopt")
+    (provider,) = resources_of(report, "pulumi:providers:kubernetes").values()
+    assert provider["inputs"]["upsertExistingObjects"] == "true"
+    assert provider["inputs"]["enablePatchForce"] == "true"
+    (chart,) = resources_of(report, "kubernetes:helm.sh/v4:Chart").values()
+    assert "skipCrds" not in chart["inputs"]
+    assert chart["providers"]["kubernetes"].startswith(
+        "urn:pulumi:dev::uerl::uerl:infra:KubeRayOperator$pulumi:providers:kubernetes::kuberay-adopt::"
+    )
 
 
 @pytest.mark.parametrize("run", ["sidecar", "networked"])
@@ -100,8 +171,26 @@ def test_games_wait_for_the_build_loader(unreal_loader) -> None:
     assert (
         counts["kubernetes:batch/v1:Job"] == counts["kubernetes:core/v1:PersistentVolumeClaim"] == 1
     )
-    for game in resources_of(unreal_loader, "kubernetes:apps/v1:Deployment").values():
+    games = [
+        *resources_of(unreal_loader, STATEFULSET).values(),
+        *resources_of(unreal_loader, SERVICE).values(),
+    ]
+    assert len(games) == 2
+    for game in games:
         assert "kubernetes:batch/v1:Job::uerl-ue-loader" in game["dependencies"]
+
+
+def test_loader_job_is_awaited_by_its_annotation_not_a_custom_timeout(unreal_loader) -> None:
+    (job,) = resources_of(unreal_loader, "kubernetes:batch/v1:Job").values()
+    # A customTimeouts option would override the annotation the topology sets.
+    assert job["customTimeouts"] is None
+    assert job["inputs"]["metadata"]["annotations"]["pulumi.com/timeoutSeconds"] == "3600"
+
+
+def test_raycluster_carries_the_await_annotations_pulumi_reads(sidecar) -> None:
+    (cluster,) = resources_of(sidecar, RAYCLUSTER).values()
+    annotations = cluster["inputs"]["metadata"]["annotations"]
+    assert set(annotations) == {"pulumi.com/waitFor", "pulumi.com/timeoutSeconds"}
 
 
 @pytest.mark.parametrize("run", ["sidecar", "networked", "unreal_loader"])
@@ -131,7 +220,7 @@ def test_registered_objects_are_exactly_the_rendered_ones(run: str, request) -> 
 
 def test_every_kubernetes_resource_is_named_explicitly_after_its_object(networked) -> None:
     objects = [r for r in networked["resources"] if r["custom"] and "metadata" in r["inputs"]]
-    assert len(objects) == 9
+    assert len(objects) == 5
     for r in objects:
         assert r["inputs"]["metadata"]["name"] == r["name"]
 
@@ -140,7 +229,8 @@ def test_config_set_path_workers_replicas_4_rescales() -> None:
     report = run_program("topology.workers.replicas=4", *NETWORKED)
     (cluster,) = resources_of(report, RAYCLUSTER).values()
     assert cluster["inputs"]["spec"]["workerGroupSpecs"][1]["replicas"] == 4
-    assert len(resources_of(report, "kubernetes:apps/v1:Deployment")) == 5
+    (games,) = resources_of(report, STATEFULSET).values()
+    assert games["inputs"]["spec"]["replicas"] == 5
     assert report["exports"]["endpoints"]["num_env_runners"] == 4
 
 
@@ -167,3 +257,11 @@ def test_invalid_config_fails_with_a_run_error_naming_the_path(
 def test_a_topology_that_is_not_a_map_fails_with_a_run_error() -> None:
     report = run_program(topology=["workers"])
     assert report["error"]["type"] == "RunError" and "topology" in report["error"]["message"]
+
+
+def test_node_selector_value_true_set_with_config_set_path_reaches_the_pods_as_text() -> None:
+    report = run_program('topology.learners.node_selector["nvidia.com/gpu.present"]=true')
+    assert report["error"] is None, report["error"]
+    (cluster,) = resources_of(report, RAYCLUSTER).values()
+    learners = cluster["inputs"]["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert learners["nodeSelector"] == {"nvidia.com/gpu.present": "true"}

@@ -52,12 +52,11 @@ def test_no_operator_comment_when_the_cluster_already_has_it(capsys) -> None:
     assert "not installed by the stack" in header
 
 
-def test_set_pattern_networked_adds_a_deployment_and_service_per_game(capsys) -> None:
+def test_set_pattern_networked_adds_one_statefulset_and_one_headless_service(capsys) -> None:
     _, out, _ = run(capsys, "--stack", "dev", "--set", "topology.pattern=networked")
     names = [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(out)]
-    for game in ("ue-disc", "ue-1", "ue-2"):
-        assert ("Deployment", game) in names and ("Service", game) in names
-    assert kinds(out).count("Deployment") == 3
+    assert ("StatefulSet", "uerl-ue") in names and ("Service", "uerl-ue") in names
+    assert kinds(out)[-2:] == ["Service", "StatefulSet"]
 
 
 def test_set_worker_replicas_resizes_the_worker_group(capsys) -> None:
@@ -74,7 +73,8 @@ def test_topology_file_in_yaml_or_json(capsys, tmp_path: Path) -> None:
     yaml_out = run(capsys, "--topology", str(tmp_path / "t.yaml"))[1]
     json_out = run(capsys, "--topology", str(tmp_path / "t.json"))[1]
     assert yaml_out == json_out
-    assert kinds(yaml_out).count("Service") == 4
+    (games,) = [o for o in yaml.safe_load_all(yaml_out) if o["kind"] == "StatefulSet"]
+    assert games["spec"]["replicas"] == 4  # 3 workers' games + the discovery game
 
 
 def test_invalid_topology_prints_one_message_naming_the_path_and_exits_2(capsys) -> None:
@@ -177,6 +177,7 @@ SCALE_ONLY = {
     "/spec/workerGroupSpecs/1/minReplicas",
     "/spec/workerGroupSpecs/1/maxReplicas",
 }
+GAMES_SCALE_ONLY = {"/spec/replicas"}
 
 
 @pytest.mark.parametrize("pattern", ["sidecar", "networked"])
@@ -192,20 +193,49 @@ def test_rescaling_2_4_1_changes_only_replica_counts_and_endpoint_counts(pattern
                 assert set(_changed_paths(yaml.safe_load(old), yaml.safe_load(new))) == SCALE_ONLY
             elif key[0] == "ConfigMap":
                 assert _changed_paths(_endpoints(old), _endpoints(new)) == ["/num_env_runners"]
+            elif key[0] == "StatefulSet":
+                assert set(_changed_paths(yaml.safe_load(old), yaml.safe_load(new))) == (
+                    GAMES_SCALE_ONLY
+                )
             else:
                 assert old == new, key  # byte-identical
             checked += 1
     assert checked >= 6
 
 
-def test_scaling_up_adds_games_and_scaling_down_removes_them() -> None:
+def test_rescaling_the_networked_games_keeps_the_same_two_objects() -> None:
     two, four, one = (
         rendered("topology.pattern=networked", f"topology.workers.replicas={n}") for n in (2, 4, 1)
     )
-    assert four.keys() - two.keys() == {
-        (k, f"ue-{i}") for k in ("Deployment", "Service") for i in (3, 4)
-    }
-    assert four.keys() - one.keys() == {
-        (k, f"ue-{i}") for k in ("Deployment", "Service") for i in (2, 3, 4)
-    }
-    assert not (one.keys() - four.keys())
+    assert two.keys() == four.keys() == one.keys()
+    replicas = [
+        yaml.safe_load(r[("StatefulSet", "uerl-ue")])["spec"]["replicas"] for r in (two, four, one)
+    ]
+    assert replicas == [3, 5, 2]  # Y games + the discovery game (ordinal 0)
+
+
+def test_relative_chart_path_renders_from_the_project_root_in_a_subdirectory(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(PROJECT_ROOT / "infra")
+    code, out, _ = run(
+        capsys,
+        "--stack",
+        "dev",
+        "--set",
+        "topology.operator.chart_path=../shared/charts/kuberay-operator-1.7.0",
+    )
+    header, _ = split_documents(out)
+    assert code == 0
+    assert str((PROJECT_ROOT.parent / "shared/charts/kuberay-operator-1.7.0").resolve()) in header
+
+
+def test_chart_version_mismatch_is_a_clear_error_naming_the_path(capsys) -> None:
+    code, _, err = run(
+        capsys,
+        "--set",
+        "topology.operator.chart_path=../shared/charts/kuberay-operator-1.7.0",
+        "--set",
+        "topology.operator.chart_version=1.8.0",
+    )
+    assert code == 2 and "topology.operator.chart_version" in err and "Traceback" not in err

@@ -80,7 +80,12 @@ def test_overrides_merge_with_defaults() -> None:
         ({"simulator": {"gpus": -1}}, "topology.simulator.gpus:"),
         ({"simulator": {"startup_timeout_s": 0}}, "topology.simulator.startup_timeout_s:"),
         ({"simulator": {"discovery": "any"}}, "topology.simulator.discovery:"),
-        ({"simulator": {"args": ["-Port={host}"]}}, "topology.simulator.args:"),
+        ({"simulator": {"args": ["-Port={hostname}"]}}, "topology.simulator.args:"),
+        ({"simulator": {"internal_port": 50051}}, "topology.simulator:"),
+        ({"simulator": {"listen": "everywhere"}}, "topology.simulator.listen:"),
+        ({"image_pull_policy": "Sometimes"}, "topology.image_pull_policy:"),
+        ({"operator": {"crds": "delete"}}, "topology.operator.crds:"),
+        ({"executables": {"loader_timeout_s": 1}}, "topology.executables.loader_timeout_s:"),
         ({"executables": {"existing_claim": "Claim"}}, "topology.executables.existing_claim:"),
         ({"executables": {"size": "lots"}}, "topology.executables.size:"),
         ({"executables": {"access_mode": "ReadWriteOnce"}}, "topology.executables.access_mode:"),
@@ -103,7 +108,7 @@ def test_all_errors_are_reported_together() -> None:
 
 
 def test_map_keys_that_are_not_identifiers_are_quoted_in_the_path() -> None:
-    message = error_for({"learners": {"node_selector": {"kubernetes.io/arch": 1}}})
+    message = error_for({"learners": {"node_selector": {"kubernetes.io/arch": [1]}}})
     assert 'topology.learners.node_selector["kubernetes.io/arch"]:' in message
 
 
@@ -132,7 +137,8 @@ def test_derived_names_are_stable() -> None:
     t = Topology.parse({"name": "rl", "namespace": "games"})
     assert t.head_service_host == "rl-head-svc.games.svc.cluster.local"
     assert t.claim_name == "rl-ue-executables"
-    assert t.ue_instance_name(3) == "ue-3" and t.ue_instance_name("disc") == "ue-disc"
+    assert t.ue_instance_name(3) == "rl-ue-3"
+    assert t.ue_instance_host(3) == "rl-ue-3.rl-ue.games.svc.cluster.local"
     assert Topology.parse({"executables": {"existing_claim": "builds"}}).claim_name == "builds"
 
 
@@ -146,3 +152,58 @@ def test_dedicated_discovery_exists_only_in_the_networked_pattern() -> None:
 def test_only_unreal_games_use_the_executables_volume() -> None:
     assert Topology.parse({"simulator": {"kind": "unreal"}}).uses_executables
     assert not Topology.parse({"simulator": {"kind": "mock"}}).uses_executables
+
+
+def test_game_names_carry_the_topology_name_so_two_stacks_can_share_a_namespace() -> None:
+    a, b = (Topology.parse({"name": n, "pattern": "networked"}) for n in ("red", "blue"))
+    assert a.endpoints().worker_endpoint(1) != b.endpoints().worker_endpoint(1)
+    assert a.ue_set_name == "red-ue" and b.ue_set_name == "blue-ue"
+
+
+# -- `pulumi config set --path` types true/false and digits ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "read", "expected"),
+    [
+        (
+            {"learners": {"node_selector": {"nvidia.com/gpu.present": True}}},
+            lambda t: t.learners.node_selector["nvidia.com/gpu.present"],
+            "true",
+        ),
+        (
+            {"workers": {"tolerations": [{"key": 1, "value": False}]}},
+            lambda t: (t.workers.tolerations[0].key, t.workers.tolerations[0].value),
+            ("1", "false"),
+        ),
+        ({"simulator": {"env": {"UE_THREADS": 8}}}, lambda t: t.simulator.env["UE_THREADS"], "8"),
+        ({"simulator": {"args": ["-x", 3, True]}}, lambda t: t.simulator.args, ["-x", "3", "true"]),
+        ({"executables": {"storage_class": 1}}, lambda t: t.executables.storage_class, "1"),
+        ({"namespace": 123}, lambda t: t.namespace, "123"),
+        ({"learners": {"memory": 2}}, lambda t: t.learners.memory, "2"),
+    ],
+)
+def test_booleans_and_integers_typed_by_config_set_path_are_read_as_the_text_typed(
+    data: Any, read: Any, expected: Any
+) -> None:
+    assert read(Topology.parse(data)) == expected
+
+
+def test_networked_loopback_games_listen_on_the_port_after_the_served_one() -> None:
+    t = Topology.parse({"pattern": "networked"})
+    assert (t.simulator.listen, t.forwards_game_port) == ("loopback", True)
+    assert (t.simulator.port, t.game_listen_port) == (50051, 50052)
+
+
+def test_games_bound_to_all_interfaces_or_in_sidecars_listen_on_the_served_port() -> None:
+    every = Topology.parse({"pattern": "networked", "simulator": {"listen": "all_interfaces"}})
+    sidecar = Topology.parse({"pattern": "sidecar"})
+    assert every.game_listen_port == sidecar.game_listen_port == 50051
+    assert not every.forwards_game_port and not sidecar.forwards_game_port
+
+
+def test_mock_game_binds_where_the_listen_switch_says() -> None:
+    loopback = Topology.parse({"simulator": {"kind": "mock"}}).simulator
+    every = Topology.parse({"simulator": {"kind": "mock", "listen": "all_interfaces"}}).simulator
+    assert loopback.render_command("/opt/ue")[1][:2] == ["--host", "127.0.0.1"]
+    assert every.render_command("/opt/ue")[1][:2] == ["--host", "0.0.0.0"]

@@ -20,6 +20,7 @@ _TYPED: dict[tuple[str, str], Callable[..., pulumi.CustomResource]] = {
     ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,
     ("v1", "Service"): k8s.core.v1.Service,
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
+    ("apps/v1", "StatefulSet"): k8s.apps.v1.StatefulSet,
     ("batch/v1", "Job"): k8s.batch.v1.Job,
 }
 # Top-level fields besides apiVersion/kind/metadata that the builders emit;

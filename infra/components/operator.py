@@ -9,10 +9,34 @@ import pulumi_kubernetes as k8s
 
 from infra.manifests.operator import ChartRelease
 
+# Stack config of the default Kubernetes provider that an explicit provider
+# must be given too (it does not read `kubernetes:*` config itself).
+_PROVIDER_CONFIG = ("kubeconfig", "context", "cluster")
+
+
+def adopting_provider(name: str, parent: pulumi.Resource) -> k8s.Provider:
+    """A provider that takes over objects that already exist instead of failing
+    with AlreadyExists (upsert), forcing field-manager conflicts with whoever
+    applied them before (Helm, kubectl)."""
+    config = pulumi.Config("kubernetes")
+    settings = {key: config.get(key) for key in _PROVIDER_CONFIG}
+    return k8s.Provider(
+        name,
+        upsert_existing_objects=True,
+        enable_patch_force=True,
+        **{key: value for key, value in settings.items() if value is not None},
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+
 
 class KubeRayOperator(pulumi.ComponentResource):
     """helm.v4.Chart installs the chart's CRDs and upgrades them with the chart
-    (helm itself never upgrades crds/); every RayCluster depends on this."""
+    (helm itself never upgrades crds/); every RayCluster depends on this.
+
+    CRDs left behind by an earlier KubeRay (Helm never deletes them) make a
+    plain install fail with AlreadyExists: `crds: adopt` takes them over (and
+    the rest of the chart's objects, should they exist too), `crds: skip`
+    leaves them alone (they must then serve KubeRay 1.7's schema)."""
 
     chart: k8s.helm.v4.Chart
 
@@ -27,6 +51,10 @@ class KubeRayOperator(pulumi.ComponentResource):
         repository_opts = (
             k8s.helm.v4.RepositoryOptsArgs(repo=release.repository) if release.repository else None
         )
+        chart_opts = pulumi.ResourceOptions(parent=self, depends_on=list(depends_on))
+        if release.crds == "adopt":
+            # `providers`: a component (the chart) hands it to the objects it creates.
+            chart_opts.providers = [adopting_provider(f"{name}-adopt", self)]
         self.chart = k8s.helm.v4.Chart(
             release.release_name,
             chart=release.chart,
@@ -34,6 +62,8 @@ class KubeRayOperator(pulumi.ComponentResource):
             repository_opts=repository_opts,
             namespace=release.namespace,
             name=release.release_name,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),
+            values=release.values or None,
+            skip_crds=True if release.crds == "skip" else None,
+            opts=chart_opts,
         )
         self.register_outputs({"version": release.version, "namespace": release.namespace})

@@ -9,9 +9,6 @@ import pulumi
 from infra.components.k8s import register
 from infra.manifests.common import K8sObject
 
-# Downloading a multi-GB build can take a while; Pulumi waits for the Job.
-LOADER_TIMEOUT = "60m"
-
 
 class UeExecutablesVolume(pulumi.ComponentResource):
     pvc: pulumi.CustomResource | None
@@ -34,13 +31,10 @@ class UeExecutablesVolume(pulumi.ComponentResource):
             deps.append(self.pvc)
         self.loader_job = None
         if loader_job is not None:
+            # Pulumi waits for the Job to complete, as long as its
+            # pulumi.com/timeoutSeconds annotation says (executables.loader_timeout_s).
             self.loader_job = register(
-                loader_job,
-                pulumi.ResourceOptions(
-                    parent=self,
-                    depends_on=deps,
-                    custom_timeouts=pulumi.CustomTimeouts(create=LOADER_TIMEOUT),
-                ),
+                loader_job, pulumi.ResourceOptions(parent=self, depends_on=deps)
             )
         self.claim_name = claim_name
         self.register_outputs({"claim_name": claim_name})

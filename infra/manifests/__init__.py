@@ -6,21 +6,16 @@ so what is rendered is what is deployed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 from infra.manifests import endpoints, namespace, operator, raycluster, simulator, volume
 from infra.manifests.common import K8sObject
 from infra.manifests.operator import ChartRelease
 from infra.topology import Topology
 
-
-@dataclass(frozen=True)
-class UeInstance:
-    """One networked game: a Deployment and the ClusterIP Service in front of it."""
-
-    name: str
-    deployment: K8sObject
-    service: K8sObject
+# Where Pulumi.yaml is: relative paths in the topology (operator.chart_path) start here.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 @dataclass(frozen=True)
@@ -32,36 +27,41 @@ class Manifests:
     loader_job: K8sObject | None
     endpoints: K8sObject
     raycluster: K8sObject
-    ue_instances: list[UeInstance] = field(default_factory=list)
+    # Networked pattern: the games' StatefulSet and its headless Service.
+    ue_statefulset: K8sObject | None = None
+    ue_service: K8sObject | None = None
 
     def objects(self) -> list[K8sObject]:
         """Every object, in apply order."""
-        out = [
+        return [
             obj
-            for obj in (self.namespace, self.pvc, self.loader_job, self.endpoints, self.raycluster)
+            for obj in (
+                self.namespace,
+                self.pvc,
+                self.loader_job,
+                self.endpoints,
+                self.raycluster,
+                self.ue_service,
+                self.ue_statefulset,
+            )
             if obj is not None
         ]
-        for instance in self.ue_instances:
-            out += [instance.deployment, instance.service]
-        return out
 
 
-def build(topology: Topology) -> Manifests:
+def build(topology: Topology, project_root: Path = PROJECT_ROOT) -> Manifests:
+    """Raises TopologyError naming the config path when the topology points at
+    something unusable on this machine (operator.chart_path)."""
     return Manifests(
         topology=topology,
-        operator=operator.chart_release(topology),
+        operator=operator.chart_release(topology, project_root),
         namespace=namespace.namespace(topology),
         pvc=volume.pvc(topology),
         loader_job=volume.loader_job(topology),
         endpoints=endpoints.configmap(topology),
         raycluster=raycluster.raycluster(topology),
-        ue_instances=[
-            UeInstance(
-                name, simulator.deployment(topology, name), simulator.service(topology, name)
-            )
-            for name in simulator.instance_names(topology)
-        ],
+        ue_statefulset=simulator.statefulset(topology),
+        ue_service=simulator.service(topology),
     )
 
 
-__all__ = ["Manifests", "UeInstance", "build"]
+__all__ = ["PROJECT_ROOT", "Manifests", "build"]

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from infra.topology import Topology
 
 PART_OF = "uerl"
 MANAGED_BY = "pulumi"
-# Selects one game instance (ue-1, ue-disc, ...); the app.kubernetes.io labels
-# alone cannot tell instances of the same topology apart.
-UE_INSTANCE_LABEL = "uerl.dev/ue-instance"
 
 K8sObject = dict[str, Any]
 
@@ -51,3 +50,24 @@ def fixed_resources(cpus: float, memory: str, gpus: int = 0) -> dict[str, dict[s
     if gpus > 0:
         amounts["nvidia.com/gpu"] = str(gpus)
     return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+# pulumi-kubernetes reads these on every object it creates or updates: how long
+# to await readiness, and (custom resources, which otherwise get no await at
+# all) what readiness is. Rendered into the objects, so `uerl render` and
+# `kubectl get -o yaml` show exactly what `pulumi up` waits for.
+TIMEOUT_ANNOTATION = "pulumi.com/timeoutSeconds"
+WAIT_FOR_ANNOTATION = "pulumi.com/waitFor"
+
+
+def await_annotations(timeout_s: float, wait_for: list[str] | None = None) -> dict[str, str]:
+    out = {TIMEOUT_ANNOTATION: str(math.ceil(timeout_s))}
+    if wait_for:
+        # One expression as is; several as a JSON list, all of which must hold.
+        out[WAIT_FOR_ANNOTATION] = wait_for[0] if len(wait_for) == 1 else json.dumps(wait_for)
+    return out
+
+
+def annotate(obj: K8sObject, annotations: dict[str, str]) -> K8sObject:
+    obj["metadata"].setdefault("annotations", {}).update(annotations)
+    return obj

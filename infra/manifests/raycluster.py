@@ -3,7 +3,10 @@
 Facts this relies on (KubeRay v1.7.0, see shared/schemas/kuberay-v1.7.0/SOURCE.md):
 every rayStartParams value is a string; the Ray container is containers[0];
 custom resources are single-quoted compact JSON so bash, the operator and
-the autoscaler all read `{"ue_worker": 1}`.
+the autoscaler all read `{"ue_worker": 1}`; pods are recreated on a pod
+template change only with `upgradeStrategy.type: Recreate` (the hash compared
+ignores replica counts, so rescaling recreates nothing); `.status.conditions`
+(RayClusterStatusConditions, on by default) say when the pods are ready.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 from infra.endpoints import HEAD_MOUNT_DIR
 from infra.manifests import simulator, volume
-from infra.manifests.common import K8sObject, fixed_resources, labels, metadata
+from infra.manifests.common import K8sObject, await_annotations, fixed_resources, labels, metadata
 from infra.manifests.endpoints import configmap_name
 from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, Topology
 
@@ -21,6 +24,12 @@ APP_NAME = "ray"
 LEARNER_GROUP = "learners"
 WORKER_GROUP = "workers"
 ENDPOINTS_VOLUME = "uerl-endpoints"
+# What `pulumi up` waits for: the head pod ready now, and every Ray pod ready
+# (RayClusterProvisioned turns true once, when all of them first are).
+READY_CONDITIONS = ["condition=HeadPodReady", "condition=RayClusterProvisioned"]
+# Time for KubeRay to create the pods and for `ray start` to join, after the
+# images are pulled (and, in the sidecar pattern, after the game answers).
+RAY_START_S = 300
 
 
 def custom_resources_param(topology: Topology) -> str:
@@ -36,15 +45,18 @@ def _pod_template(topology: Topology, component: str, pod_spec: dict[str, Any]) 
     }
 
 
-def _ray_container(name: str, image: str, resources: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "image": image, "resources": resources}
+def _ray_container(topology: Topology, name: str, resources: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": topology.ray.image_ref,
+        "imagePullPolicy": topology.image_pull_policy,
+        "resources": resources,
+    }
 
 
 def _head(topology: Topology) -> dict[str, Any]:
     head = topology.ray.head
-    container = _ray_container(
-        "ray-head", topology.ray.image_ref, fixed_resources(head.cpus, head.memory)
-    )
+    container = _ray_container(topology, "ray-head", fixed_resources(head.cpus, head.memory))
     container["ports"] = [
         {"name": "gcs-server", "containerPort": GCS_PORT},
         {"name": "dashboard", "containerPort": DASHBOARD_PORT},
@@ -80,7 +92,7 @@ def _fixed_size(replicas: int) -> dict[str, int]:
 def _learners(topology: Topology) -> dict[str, Any]:
     spec = topology.learners
     container = _ray_container(
-        "ray-worker", topology.ray.image_ref, fixed_resources(spec.cpus, spec.memory, spec.gpus)
+        topology, "ray-worker", fixed_resources(spec.cpus, spec.memory, spec.gpus)
     )
     pod_spec: dict[str, Any] = {"containers": [container]}
     _placement(pod_spec, spec.node_selector, spec.tolerations)
@@ -95,16 +107,18 @@ def _learners(topology: Topology) -> dict[str, Any]:
 
 def _workers(topology: Topology) -> dict[str, Any]:
     spec = topology.workers
-    ray = _ray_container(
-        "ray-worker", topology.ray.image_ref, fixed_resources(spec.cpus, spec.memory)
-    )
+    ray = _ray_container(topology, "ray-worker", fixed_resources(spec.cpus, spec.memory))
     pod_spec: dict[str, Any] = {"containers": [ray]}
     if topology.pattern == "sidecar":
-        # The game shares the pod (and so localhost) with its env runner; after the Ray container.
-        pod_spec["containers"].append(simulator.container(topology))
-        init = volume.wait_for_build(topology)
-        if init:
-            pod_spec["initContainers"] = init
+        # The game shares the pod (and so localhost) with its env runner. As a
+        # native sidecar (Kubernetes >= 1.29) it starts first and the Ray
+        # container, which advertises the custom resource, starts only once the
+        # game answers; the kubelet still restarts the game if it exits. KubeRay
+        # appends its own init container (wait for GCS) after these.
+        pod_spec["initContainers"] = [
+            *volume.wait_for_build(topology),
+            simulator.container(topology, native_sidecar=True),
+        ]
         volumes = simulator.pod_volumes(topology)
         if volumes:
             pod_spec["volumes"] = volumes
@@ -117,13 +131,25 @@ def _workers(topology: Topology) -> dict[str, Any]:
     }
 
 
+def ready_timeout_s(topology: Topology) -> float:
+    """How long `pulumi up` waits for the RayCluster to be ready."""
+    # Sidecar games start before (and gate) the Ray container.
+    game = simulator.startup_allowance_s(topology) if topology.pattern == "sidecar" else 0
+    return topology.image_pull_timeout_s + game + RAY_START_S
+
+
 def raycluster(topology: Topology) -> K8sObject:
+    meta = metadata(topology, topology.name, name=APP_NAME, component="ray-cluster")
+    meta["annotations"] = await_annotations(ready_timeout_s(topology), READY_CONDITIONS)
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": metadata(topology, topology.name, name=APP_NAME, component="ray-cluster"),
+        "metadata": meta,
         "spec": {
             "rayVersion": topology.ray.version,
+            # Without it KubeRay never replaces running pods: a new image,
+            # pattern or size would report success and change nothing.
+            "upgradeStrategy": {"type": "Recreate"},
             "headGroupSpec": _head(topology),
             "workerGroupSpecs": [_learners(topology), _workers(topology)],
         },

@@ -1,46 +1,94 @@
-"""The game: its container (shared by both patterns) and, in the networked
-pattern, one Deployment + ClusterIP Service per instance (`ue-1`..`ue-Y`,
-plus `ue-disc`)."""
+"""The game: its container (shared by both patterns) and, in the networked pattern,
+one StatefulSet `<name>-ue` behind a headless Service of the same name.
+
+Networked games are StatefulSet pods `<name>-ue-1` ... `<name>-ue-Y` (and
+`<name>-ue-0`, the dedicated discovery game), each reachable at
+`<pod>.<name>-ue.<namespace>.svc.cluster.local`: stable per-game names from two
+objects whatever Y is, and rescaling changes one field. Needs Kubernetes >= 1.27
+for `spec.ordinals` (GA in 1.31).
+"""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from infra.manifests import volume
-from infra.manifests.common import UE_INSTANCE_LABEL, K8sObject, fixed_resources, metadata
-from infra.topology import Topology
+from infra.manifests.common import (
+    K8sObject,
+    await_annotations,
+    fixed_resources,
+    labels,
+    metadata,
+)
+from infra.topology import LOOPBACK, Topology
 
 APP_NAME = "ue"
 COMPONENT = "simulator"
 CONTAINER_NAME = "ue"
+FORWARDER_NAME = "forward"
 PORT_NAME = "schola"
 PROBE_PERIOD_S = 5
 # Packaged Unreal games refuse to run as root, and write config and logs under
 # $HOME (the build itself is mounted read-only).
 UNREAL_UID = 1000
 UNREAL_ENV = {"HOME": "/tmp"}
+# The forwarder relays every gRPC message of its game; requests = limits keeps
+# the pod's QoS Guaranteed like the game's.
+FORWARDER_RESOURCES = fixed_resources(0.5, "64Mi")
+FORWARDER_UID = 65534
+FORWARDER_SOURCE = (Path(__file__).resolve().parent.parent / "forwarder.py").read_text()
 
 
-def container(topology: Topology) -> dict[str, Any]:
-    """The UE container: the game, its gRPC port probed over TCP, the build read-only."""
+def _probe_action(topology: Topology) -> dict[str, Any]:
+    """How the kubelet checks that the game accepts connections, where it listens."""
+    port = topology.game_listen_port
+    if topology.simulator.loopback:
+        # TCP probes dial the pod IP, where a loopback-bound game is not; this
+        # connects from inside the game's own container (the launcher of every
+        # Linux UE build is a bash script, so the image has bash).
+        return {"exec": {"command": ["bash", "-c", f"exec 3<>/dev/tcp/{LOOPBACK}/{port}"]}}
+    return {"tcpSocket": {"port": port}}
+
+
+def startup_failure_threshold(topology: Topology) -> int:
+    return max(1, math.ceil(topology.simulator.startup_timeout_s / PROBE_PERIOD_S))
+
+
+def container(topology: Topology, *, native_sidecar: bool = False) -> dict[str, Any]:
+    """The UE container: the game, probed where it listens, the build read-only.
+
+    `native_sidecar`: an init container with restartPolicy Always (Kubernetes
+    >= 1.29): it starts before the pod's containers, which wait until its
+    startup probe passes, and the kubelet restarts it whenever it exits.
+    """
     sim = topology.simulator
-    command, args = sim.render_command(topology.executables.mount_path)
+    command, args = sim.render_command(
+        topology.executables.mount_path, port=topology.game_listen_port
+    )
+    probe = _probe_action(topology)
     out: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": sim.image_ref,
+        "imagePullPolicy": topology.image_pull_policy,
         "command": command,
         "args": args,
-        "ports": [{"name": PORT_NAME, "containerPort": sim.port, "protocol": "TCP"}],
+    }
+    if native_sidecar:
+        out["restartPolicy"] = "Always"
+    if not sim.loopback:
+        out["ports"] = [{"name": PORT_NAME, "containerPort": sim.port, "protocol": "TCP"}]
+    out |= {
         "resources": fixed_resources(sim.cpus, sim.memory, sim.gpus),
         # The startup probe gives the game `startup_timeout_s` to open its port
-        # (then it is restarted); readiness gates the Service afterwards.
+        # (then it is restarted); readiness gates its DNS name afterwards.
         "startupProbe": {
-            "tcpSocket": {"port": sim.port},
+            **probe,
             "periodSeconds": PROBE_PERIOD_S,
-            "failureThreshold": max(1, math.ceil(sim.startup_timeout_s / PROBE_PERIOD_S)),
+            "failureThreshold": startup_failure_threshold(topology),
         },
-        "readinessProbe": {"tcpSocket": {"port": sim.port}, "periodSeconds": PROBE_PERIOD_S},
+        "readinessProbe": {**probe, "periodSeconds": PROBE_PERIOD_S},
     }
     env = {**UNREAL_ENV, **sim.env} if sim.kind == "unreal" else dict(sim.env)
     if env:
@@ -56,26 +104,60 @@ def container(topology: Topology) -> dict[str, Any]:
     return out
 
 
+def forwarder(topology: Topology) -> dict[str, Any]:
+    """Serves `simulator.port` on the pod IP, relaying to the loopback-bound game."""
+    sim = topology.simulator
+    return {
+        "name": FORWARDER_NAME,
+        "image": sim.forwarder_image,
+        "imagePullPolicy": topology.image_pull_policy,
+        "command": ["python", "-c", FORWARDER_SOURCE],
+        "args": [str(sim.port), LOOPBACK, str(topology.game_listen_port)],
+        "ports": [{"name": PORT_NAME, "containerPort": sim.port, "protocol": "TCP"}],
+        "resources": FORWARDER_RESOURCES,
+        "readinessProbe": {"tcpSocket": {"port": sim.port}, "periodSeconds": PROBE_PERIOD_S},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": FORWARDER_UID},
+    }
+
+
 def pod_volumes(topology: Topology) -> list[dict[str, Any]]:
     return [volume.pod_volume(topology)] if topology.uses_executables else []
 
 
+def startup_allowance_s(topology: Topology) -> float:
+    """What the startup probe allows the game before restarting it (>= startup_timeout_s)."""
+    return startup_failure_threshold(topology) * PROBE_PERIOD_S
+
+
+def games_timeout_s(topology: Topology) -> float:
+    """How long `pulumi up` waits for the games: pull, then the startup probe's allowance."""
+    return topology.image_pull_timeout_s + startup_allowance_s(topology)
+
+
 def instance_names(topology: Topology) -> list[str]:
-    """Networked instances in a stable order: discovery first, then ue-1..ue-Y."""
+    """Networked game pods in ordinal order: discovery (ordinal 0) first, then 1..Y."""
     if topology.pattern != "networked":
         return []
-    names = [topology.ue_instance_name("disc")] if topology.has_dedicated_discovery else []
-    return names + [topology.ue_instance_name(i) for i in range(1, topology.workers.replicas + 1)]
+    first = topology.ue_first_ordinal
+    return [topology.ue_instance_name(i) for i in range(first, first + topology.ue_replicas)]
 
 
-def _selector(topology: Topology, instance: str) -> dict[str, str]:
-    return {"app.kubernetes.io/instance": topology.name, UE_INSTANCE_LABEL: instance}
+def _selector(topology: Topology) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": topology.name, "app.kubernetes.io/name": APP_NAME}
 
 
-def deployment(topology: Topology, instance: str) -> K8sObject:
-    meta = metadata(topology, instance, name=APP_NAME, component=COMPONENT)
-    meta["labels"][UE_INSTANCE_LABEL] = instance
+def _metadata(topology: Topology) -> dict[str, Any]:
+    meta = metadata(topology, topology.ue_set_name, name=APP_NAME, component=COMPONENT)
+    meta["annotations"] = await_annotations(games_timeout_s(topology))
+    return meta
+
+
+def statefulset(topology: Topology) -> K8sObject | None:
+    if topology.pattern != "networked":
+        return None
     pod_spec: dict[str, Any] = {"containers": [container(topology)]}
+    if topology.forwards_game_port:
+        pod_spec["containers"].append(forwarder(topology))
     init = volume.wait_for_build(topology)
     if init:
         pod_spec["initContainers"] = init
@@ -84,32 +166,37 @@ def deployment(topology: Topology, instance: str) -> K8sObject:
         pod_spec["volumes"] = volumes
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": meta,
+        "kind": "StatefulSet",
+        "metadata": _metadata(topology),
         "spec": {
-            # One game per Service: a game serves one client at a time.
-            "replicas": 1,
-            # Never two games behind one Service, even during a rollout.
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": _selector(topology, instance)},
-            "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod_spec},
+            "serviceName": topology.ue_set_name,
+            # One pod per game (a game serves one client at a time); rescaling
+            # adds or removes the highest ordinals, never renames one.
+            "replicas": topology.ue_replicas,
+            "ordinals": {"start": topology.ue_first_ordinal},
+            # Start and replace all games at once, not one after another.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": _selector(topology)},
+            "template": {
+                "metadata": {"labels": labels(topology, name=APP_NAME, component=COMPONENT)},
+                "spec": pod_spec,
+            },
         },
     }
 
 
-def service(topology: Topology, instance: str) -> K8sObject:
-    meta = metadata(topology, instance, name=APP_NAME, component=COMPONENT)
-    meta["labels"][UE_INSTANCE_LABEL] = instance
+def service(topology: Topology) -> K8sObject | None:
+    """Headless: each ready game pod gets its own DNS name, no load balancing."""
+    if topology.pattern != "networked":
+        return None
     port = topology.simulator.port
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": meta,
+        "metadata": _metadata(topology),
         "spec": {
-            "type": "ClusterIP",
-            "selector": _selector(topology, instance),
-            "ports": [
-                {"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}
-            ],
+            "clusterIP": "None",
+            "selector": _selector(topology),
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }

@@ -1,7 +1,8 @@
 """The shared volume holding the packaged game, and the Job that fills it.
 
-The loader Job writes READY_MARKER last; UE containers wait for it in an
-init container, so no game starts on a half-unpacked build.
+The loader Job (or whoever copies a build in by hand) writes READY_MARKER
+last; UE pods wait for it in an init container, so no game starts on a missing
+or half-unpacked build, and the claim may be created together with the games.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from infra.manifests.common import K8sObject, metadata
+from infra.manifests.common import K8sObject, await_annotations, metadata
 from infra.topology import Topology
 
 VOLUME_NAME = "ue-executables"
@@ -58,8 +59,10 @@ def mount(topology: Topology, *, read_only: bool = True) -> dict[str, Any]:
 def _loader_script(topology: Topology) -> str:
     spec = topology.executables
     url = shlex.quote(spec.source_url or "")
-    dest = shlex.quote(spec.mount_path.rstrip("/") or "/")
+    root = spec.mount_path.rstrip("/") or "/"
+    dest = shlex.quote(root)
     marker = f"{dest}/{READY_MARKER}"
+    launcher = shlex.quote(f"{root}/{topology.simulator.executable}")
     # Idempotent: a re-run (Job replaced, pod retried) with the same URL is a no-op.
     return f"""set -eu
 url={url}
@@ -78,6 +81,12 @@ case "$url" in
   *) tar -xf "$tmp/build" -C {dest} ;;
 esac
 rm -rf "$tmp"
+# An archive made on Windows carries no execute bits, and the games mount this
+# volume read-only: restore them now. Everything readable by the game's user;
+# the launcher, scripts and whatever sits in a Binaries/Linux directory executable.
+chmod -R u+rwX,go+rX {dest}
+find {dest} -type f \\( -name '*.sh' -o -path '*/Binaries/Linux/*' \\) -exec chmod a+x {{}} +
+if [ -f {launcher} ]; then chmod a+x {launcher}; fi
 printf '%s' "$url" > {marker}
 echo "unpacked $url into {dest}"
 """
@@ -89,6 +98,9 @@ def loader_job(topology: Topology) -> K8sObject | None:
     if not topology.uses_executables or spec.source_url is None:
         return None
     meta = metadata(topology, loader_job_name(topology), name="ue-loader", component=COMPONENT)
+    # Pulumi waits this long for the Job. A claim the storage class cannot bind
+    # (e.g. no ReadWriteMany) leaves its pod Pending until then.
+    meta["annotations"] = await_annotations(spec.loader_timeout_s)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -103,6 +115,7 @@ def loader_job(topology: Topology) -> K8sObject | None:
                         {
                             "name": "loader",
                             "image": spec.loader_image,
+                            "imagePullPolicy": topology.image_pull_policy,
                             "command": ["sh", "-c", _loader_script(topology)],
                             "volumeMounts": [mount(topology, read_only=False)],
                         }
@@ -115,15 +128,17 @@ def loader_job(topology: Topology) -> K8sObject | None:
 
 
 def wait_for_build(topology: Topology) -> list[dict[str, Any]]:
-    """Init containers holding a UE pod until the loader has finished (none without it)."""
+    """Init containers holding a UE pod until the build is complete on the volume:
+    written by the loader Job, or by hand (README: putting a build into the volume)."""
     spec = topology.executables
-    if not topology.uses_executables or spec.source_url is None:
+    if not topology.uses_executables:
         return []
     marker = shlex.quote(f"{spec.mount_path.rstrip('/')}/{READY_MARKER}")
     return [
         {
             "name": "wait-for-build",
             "image": spec.loader_image,
+            "imagePullPolicy": topology.image_pull_policy,
             "command": [
                 "sh",
                 "-c",

@@ -1,0 +1,201 @@
+"""The scripts the pods run, run for real here: the build loader (sh, unzip) and
+the game-port forwarder (TCP on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+from infra_fixtures import dev_topology
+
+from infra import forwarder, manifests
+from infra.manifests.volume import READY_MARKER
+
+# -- loader: a build zipped on Windows comes out runnable ----------------------------------
+
+
+def windows_zip(path: Path, names: list[str]) -> None:
+    """A zip as Windows tools write it: MS-DOS attributes, no Unix mode bits."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name in names:
+            info = zipfile.ZipInfo(name)
+            info.create_system = 0
+            info.external_attr = 0
+            archive.writestr(info, "#!/bin/sh\necho hi\n" if name.endswith(".sh") else "data")
+
+
+def run_loader(tmp_path: Path, archive: Path) -> Path:
+    dest = tmp_path / "ue"
+    dest.mkdir()
+    topology = dev_topology(
+        "topology.simulator.kind=unreal",
+        "topology.simulator.executable=Game.sh",
+        f"topology.executables.mount_path={dest}",
+        "topology.executables.source_url=https://example.com/builds/game.zip",
+    )
+    job = manifests.build(topology).loader_job
+    assert job is not None
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    # A `wget` that "downloads" the local archive: everything else is the pod's script.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "wget"
+    fake.write_text(f'#!/bin/sh\nwhile [ "$1" != "-O" ]; do shift; done\ncp {archive} "$2"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    subprocess.run(command, env=env, check=True, capture_output=True, text=True, umask=0o022)
+    return dest
+
+
+@pytest.mark.skipif(
+    shutil.which("unzip") is None, reason="the loader image has unzip; this host not"
+)
+def test_loader_restores_execute_bits_a_windows_zip_lost(tmp_path: Path) -> None:
+    archive = tmp_path / "game.zip"
+    windows_zip(
+        archive,
+        [
+            "Game.sh",
+            "Game/Binaries/Linux/Game",
+            "Engine/Binaries/Linux/CrashReportClient",
+            "Game/Content/Paks/Game.pak",
+        ],
+    )
+    dest = run_loader(tmp_path, archive)
+
+    def mode(name: str) -> int:
+        return stat.S_IMODE((dest / name).stat().st_mode)
+
+    for runnable in (
+        "Game.sh",
+        "Game/Binaries/Linux/Game",
+        "Engine/Binaries/Linux/CrashReportClient",
+    ):
+        assert mode(runnable) & 0o111 == 0o111, runnable
+    pak = mode("Game/Content/Paks/Game.pak")
+    assert pak & 0o444 == 0o444 and pak & 0o111 == 0  # readable by the game's user, not executable
+    assert (dest / READY_MARKER).read_text() == "https://example.com/builds/game.zip"
+
+
+# -- forwarder: a loopback-bound game served on another port ---------------------------------
+
+
+class Upstream:
+    """A tiny game stand-in on 127.0.0.1: echoes each message back upper-cased."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                while data := conn.recv(65536):
+                    conn.sendall(data.upper())
+
+
+def start_forwarder(upstream_port: int) -> tuple[int, asyncio.AbstractEventLoop, asyncio.Task]:
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    bound: list[int] = []
+
+    def on_ready(port: int) -> None:
+        bound.append(port)
+        ready.set()
+
+    task_box: list[asyncio.Task] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        task = loop.create_task(
+            forwarder.serve(0, "127.0.0.1", upstream_port, on_ready, "127.0.0.1")
+        )
+        task_box.append(task)
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(task)
+
+    threading.Thread(target=run, daemon=True).start()
+    assert ready.wait(10), "forwarder did not start"
+    return bound[0], loop, task_box[0]
+
+
+def test_forwarder_relays_bytes_both_ways_to_the_loopback_game() -> None:
+    game = Upstream()
+    port, loop, task = start_forwarder(game.port)
+    try:
+        payload = os.urandom(200_000).hex().encode()  # several chunks each way
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(payload)
+            client.shutdown(socket.SHUT_WR)
+            received = b""
+            while chunk := client.recv(65536):
+                received += chunk
+        assert received == payload.upper()
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        game.sock.close()
+
+
+def test_forwarder_refuses_connections_while_the_game_is_not_listening() -> None:
+    closed = socket.create_server(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()
+    port, loop, task = start_forwarder(dead_port)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            # Closed at once, as the game itself would refuse: EOF, or a reset
+            # when the close finds unread bytes.
+            try:
+                client.sendall(b"hello")
+                closed = client.recv(10) == b""
+            except ConnectionResetError:
+                closed = True
+            assert closed
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+
+
+def test_forwarder_runs_as_python_c_with_port_arguments_like_the_pod() -> None:
+    game = Upstream()
+    probe = socket.create_server(("127.0.0.1", 0))
+    listen_port = probe.getsockname()[1]
+    probe.close()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            Path(forwarder.__file__).read_text(),
+            str(listen_port),
+            "127.0.0.1",
+            str(game.port),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(f"forwarding :{listen_port}")
+        with socket.create_connection(("127.0.0.1", listen_port), timeout=10) as client:
+            client.sendall(b"ping")
+            assert client.recv(4) == b"PING"
+        proc.terminate()  # SIGTERM, as on pod deletion
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        game.sock.close()
