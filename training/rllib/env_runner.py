@@ -27,8 +27,9 @@ from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED
 
 from infra.endpoints import worker_endpoint
-from training.protocol.errors import UEConnectionError, UEError, UEProtocolError
+from training.protocol.errors import UEError, UEProtocolError
 from training.rllib.game_health import GameHealth
+from training.rllib.shared_health import SharedGameHealth
 
 if TYPE_CHECKING:
     from training.protocol.client import TLSConfig
@@ -50,8 +51,8 @@ class UEConnection(BaseModel):
     request_timeout_s: float = Field(default=60.0, gt=0)
     # While its game is down, each sample() call waits at most this long for it.
     fault_wait_s: float = Field(default=2.0, gt=0)
-    # Past this much downtime sample() raises GameDownError, so RLlib takes the runner
-    # out of the iteration (with every game down, the iteration then ends).
+    # Once every runner's game has been down this long, each sample() outlasts RLlib's
+    # sample timeout, so the iteration ends empty and the driver can give up.
     give_up_after_s: float = Field(default=300.0, gt=0)
     tls_ca_path: str | None = None
     tls_cert_path: str | None = None
@@ -89,10 +90,6 @@ class GameChangedError(UEProtocolError):
     """After a reconnect the game defines other environments, agents or spaces."""
 
 
-class GameDownError(UEConnectionError):
-    """The runner's game has not answered for longer than `give_up_after_s`."""
-
-
 class UEEnvRunner(MultiAgentEnvRunner):
     """A `MultiAgentEnvRunner` whose env is a `UEVectorEnv` over this runner's game.
 
@@ -104,6 +101,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
     def __init__(self, config: Any, **kwargs: Any) -> None:
         self._health: GameHealth | None = None
         self._game_signature: dict[str, Any] | None = None
+        self._shared_health: SharedGameHealth | None = None
         super().__init__(config=config, **kwargs)
 
     # ------------------------------------------------------------------ RLlib API
@@ -117,16 +115,16 @@ class UEEnvRunner(MultiAgentEnvRunner):
 
     def sample(self, **kwargs: Any) -> list[Any]:
         health = self.game_health_state()
-        if not health.healthy and not self._reconnect():
+        if not health.healthy:
             connection = UEConnection.from_env_config(dict(self.config.env_config))
-            if health.down_for_s() > connection.give_up_after_s:
-                raise GameDownError(
-                    health.endpoint,
-                    "sample",
-                    f"has not answered for {health.down_for_s():.0f} s "
-                    f"(limit {connection.give_up_after_s:g} s): {health.last_error}",
-                )
-            return self._sampled_nothing()
+            budget = connection.fault_wait_s
+            if self._shared.every_game_down_for(connection.give_up_after_s):
+                # Every call returning at once would spin RLlib's sampling loop forever;
+                # outlasting its sample timeout ends the iteration (empty), and the
+                # driver then stops the run. Still ready to sample if the game returns.
+                budget = self.config.sample_timeout_s + connection.fault_wait_s
+            if not self._reconnect(budget):
+                return self._sampled_nothing()
         try:
             episodes = super().sample(**kwargs)
         except Exception as exc:
@@ -145,6 +143,27 @@ class UEEnvRunner(MultiAgentEnvRunner):
             index = self.worker_index or 0
             self._health = GameHealth(index, connection.endpoint_for(index))
         return self._health
+
+    @property
+    def _shared(self) -> SharedGameHealth:
+        if self._shared_health is None:
+            import ray
+
+            run_id = ray.get_runtime_context().get_job_id()
+            self._shared_health = SharedGameHealth(self.config.num_env_runners, run_id)
+        return self._shared_health
+
+    def _note_fault(self, message: str) -> None:
+        health = self.game_health_state()
+        was_healthy = health.healthy
+        health.fault(message)
+        if was_healthy:
+            self._shared.publish(health.runner_index, health.down_since)
+
+    def _note_recovery(self) -> None:
+        health = self.game_health_state()
+        health.recovered()
+        self._shared.publish(health.runner_index, None)
 
     def game_health(self) -> dict[str, Any]:
         """The report the driver reads after each iteration (drains the events)."""
@@ -225,15 +244,15 @@ class UEEnvRunner(MultiAgentEnvRunner):
             self._cached_to_module = None
 
     def _lose_game(self, fault: UEError) -> None:
-        self.game_health_state().fault(str(fault))
+        self._note_fault(str(fault))
         log.warning("%s; this env runner keeps trying to reconnect", fault)
         self._close_env()
         self._forget_episodes()
 
-    def _reconnect(self) -> bool:
-        """Try for a new session within fault_wait_s; True once the game answers."""
+    def _reconnect(self, budget_s: float) -> bool:
+        """Try for a new session within `budget_s`; True once the game answers."""
         connection = UEConnection.from_env_config(dict(self.config.env_config))
-        deadline = time.monotonic() + connection.fault_wait_s
+        deadline = time.monotonic() + budget_s
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -243,10 +262,10 @@ class UEEnvRunner(MultiAgentEnvRunner):
             except GameChangedError:
                 raise  # a different game answered: not something waiting fixes
             except UEError as exc:
-                self.game_health_state().fault(str(exc))
+                self._note_fault(str(exc))
                 time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
                 continue
-            self.game_health_state().recovered()
+            self._note_recovery()
             log.warning("game at %s answers again; sampling", self.game_health_state().endpoint)
             return True
 

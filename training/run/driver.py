@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.endpoints import Endpoints
 from training.rllib.hparams import Algo
 from training.run import checkpoints, metrics
-from training.run.runner_health import RunnerHealthBoard, shorten_runner_errors
+from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
 
 DEFAULT_ITERATIONS = 10
@@ -144,7 +144,6 @@ def run_training(
         board = RunnerHealthBoard(
             endpoints.num_env_runners, give_up_after_s=options.game_down_limit_s
         )
-        shorten_runner_errors()
         try:
             result = _loop(algo, options, stop, log, board)
         finally:
@@ -188,7 +187,7 @@ def _check_runners(
     reports = algo.env_runner_group.foreach_env_runner(
         "game_health",
         local_env_runner=False,
-        # Also runners RLlib took out after a GameDownError: they are alive and know.
+        # Also runners RLlib took out of service: alive ones still know their game.
         healthy_only=False,
         timeout_seconds=HEALTH_QUERY_TIMEOUT_S,
     )

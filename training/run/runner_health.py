@@ -9,12 +9,8 @@ down for longer than the limit.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any
-
-# RLlib's actor manager logs a runner's remote error with its whole traceback.
-ACTOR_MANAGER_LOGGER = "ray.rllib.utils.actor_manager"
 
 
 class RunnerHealthBoard:
@@ -71,24 +67,3 @@ class RunnerHealthBoard:
             f"no game has answered for {shortest:.0f} s (limit {self.give_up_after_s:g} s, "
             "--game-down-limit):\n  " + "\n  ".join(self.down_games())
         )
-
-
-class _ShortenGameDown(logging.Filter):
-    """One line instead of a remote traceback when a runner reports its game gone."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if "GameDownError" in message:
-            last = next(
-                (line for line in reversed(message.splitlines()) if "GameDownError" in line),
-                message.splitlines()[0],
-            )
-            record.msg = "env runner out of this iteration: " + last.strip()
-            record.args = ()
-        return True
-
-
-def shorten_runner_errors() -> None:
-    logger = logging.getLogger(ACTOR_MANAGER_LOGGER)
-    if not any(isinstance(f, _ShortenGameDown) for f in logger.filters):
-        logger.addFilter(_ShortenGameDown())

@@ -1,0 +1,216 @@
+"""Games die, hang and come back while `uerl local` trains: training goes on, or stops clearly.
+
+Faults are real signals to the real mock game processes `uerl local` started
+(SIGKILL; SIGSTOP then SIGCONT), found through the CLI's own process tree.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from local_runs import PROJECT_ROOT, uerl_local_argv
+from proc_tree import TreeSampler
+
+from training.local import processes
+
+GAMES_LINE = re.compile(r"games (.*) \(up in")
+ITER_LINE = re.compile(r"^iter\s+(\d+) .*\| runners (\d+)/(\d+)")
+FAULT_LINE = re.compile(r"game of env runner (\d+) \(.*\) failed")
+BACK_LINE = re.compile(r"game of env runner (\d+) \(.*\) is back")
+
+
+class LocalRunWatcher:
+    """Runs `uerl local`, keeps its output lines, finds its game processes by port."""
+
+    def __init__(self, run_dir: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            uerl_local_argv(run_dir, *args),
+            cwd=PROJECT_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.ports: dict[str, int] = {}
+        self.iteration = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if (m := GAMES_LINE.search(line)) is not None:
+                for item in m.group(1).split(", "):
+                    name, endpoint = item.split("=")
+                    self.ports[name] = int(endpoint.rsplit(":", 1)[1])
+            if (m := ITER_LINE.match(line)) is not None:
+                self.iteration = int(m.group(1))
+
+    def game(self, name: str) -> psutil.Process:
+        """The live process of game `name` now (a restart gives it a new pid)."""
+        port = str(self.ports[name])
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                argv = child.cmdline()
+            except psutil.Error:
+                continue
+            if "mock-ue" in argv and argv[argv.index("--port") + 1] == port:
+                return child
+        raise LookupError(f"no live process for {name} (port {port})")
+
+    def wait_iteration(self, n: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.iteration < n:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"never reached iteration {n}:\n" + self.output)
+            time.sleep(0.1)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def finish(self, timeout_s: float) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError("uerl local did not finish:\n" + self.output) from None
+        self._reader.join(timeout=10)
+        return code
+
+
+def _mtime(path: Path) -> float:
+    return path.stat().st_mtime
+
+
+def _retry_signal(watcher: LocalRunWatcher, name: str, sig: signal.Signals) -> psutil.Process:
+    """Signal the game's current process (it may be between restarts for a moment)."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            process = watcher.game(name)
+            process.send_signal(sig)
+            return process
+        except (LookupError, psutil.NoSuchProcess):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoints(
+    tmp_path: Path,
+) -> None:
+    iterations = 30
+    run = LocalRunWatcher(
+        tmp_path,
+        "--workers", "3", "--iterations", str(iterations), "--checkpoint-every", "5",
+        "--request-timeout", "2", "--seed", "0",
+    )  # fmt: skip
+    rng = random.Random(7)
+    faults: list[tuple[str, str]] = []
+    with TreeSampler(run.proc.pid) as sampler:
+        run.wait_iteration(2, timeout_s=240)
+        for k in range(10):
+            time.sleep(rng.uniform(3.0, 9.0))
+            name = f"ue-{rng.randint(1, 3)}"
+            if k % 2 == 0:
+                _retry_signal(run, name, signal.SIGKILL)
+                faults.append((name, "SIGKILL"))
+            else:
+                stopped = _retry_signal(run, name, signal.SIGSTOP)
+                time.sleep(rng.uniform(3.0, 6.0))  # longer than the 2 s RPC deadline
+                stopped.send_signal(signal.SIGCONT)
+                faults.append((name, "SIGSTOP+SIGCONT"))
+        assert run.iteration < iterations - 2, "faults must end before the run does"
+        code = run.finish(timeout_s=600)
+    output = run.output
+    assert code == 0, output
+    # Every fault the runners saw was followed by a recovery of that runner.
+    last_event: dict[str, str] = {}
+    for line in run.lines:
+        if (m := FAULT_LINE.search(line)) is not None:
+            last_event[m.group(1)] = "fault"
+        elif (m := BACK_LINE.search(line)) is not None:
+            last_event[m.group(1)] = "back"
+    assert len(re.findall(FAULT_LINE, output)) >= 5, (faults, output)
+    assert set(last_event.values()) == {"back"}, (last_event, output)
+    # One plain line per game restart; no Ray traceback on the console.
+    kills = sum(1 for _, how in faults if how == "SIGKILL")
+    assert output.count("killed by SIGKILL; restart") == kills, output
+    assert "Traceback" not in output
+    # The last iteration ran with every runner's game answering, and every game served
+    # steps after its last restart (the stats of its newest process).
+    final = [m for line in run.lines if (m := ITER_LINE.match(line)) is not None][-1]
+    assert final.group(1) == str(iterations) and final.group(2) == final.group(3) == "3"
+    for name in ("ue-1", "ue-2", "ue-3"):
+        stats = sorted((tmp_path / "games").glob(f"{name}*.stats.json"), key=_mtime)
+        assert json.loads(stats[-1].read_text())["steps"] > 0, (name, stats)
+    assert processes.alive(sampler.pids - {run.proc.pid}) == set()
+    # The checkpoints load: resuming continues the same run.
+    resumed = subprocess.run(
+        [*uerl_local_argv(tmp_path, "--workers", "3", "--iterations", str(iterations + 1)),
+         "--resume"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from {tmp_path / 'checkpoints'}" in resumed.stdout
+    assert re.search(rf"^iter\s+{iterations + 1} ", resumed.stdout, re.M), resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_game_past_its_restart_cap_stops_training_with_a_final_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = LocalRunWatcher(tmp_path, "--workers", "2", "--iterations", "50", "--game-restarts", "0")
+    with TreeSampler(run.proc.pid) as sampler:
+        run.wait_iteration(2, timeout_s=240)
+        _retry_signal(run, "ue-1", signal.SIGKILL)
+        code = run.finish(timeout_s=300)
+    output = run.output
+    assert code == 1, output
+    assert "giving up: game ue-1" in output and "cap 0" in output
+    assert "uerl local: gave up: game ue-1" in output
+    last = [m for line in run.lines if (m := ITER_LINE.match(line)) is not None][-1]
+    assert (tmp_path / "checkpoints" / f"checkpoint_{int(last.group(1)):06d}").is_dir(), output
+    assert processes.alive(sampler.pids - {run.proc.pid}) == set()
+
+
+@pytest.mark.slow
+def test_no_game_answering_for_the_limit_stops_training_naming_every_game(
+    tmp_path: Path,
+) -> None:
+    run = LocalRunWatcher(
+        tmp_path,
+        "--workers", "2", "--iterations", "50", "--game-down-limit", "6",
+        "--request-timeout", "2",
+    )  # fmt: skip
+    stopped: list[psutil.Process] = []
+    try:
+        with TreeSampler(run.proc.pid) as sampler:
+            run.wait_iteration(2, timeout_s=240)
+            stopped = [_retry_signal(run, n, signal.SIGSTOP) for n in ("ue-1", "ue-2")]
+            started = time.monotonic()
+            code = run.finish(timeout_s=300)
+            gave_up_after = time.monotonic() - started
+    finally:
+        for process in stopped:
+            if process.is_running():
+                process.send_signal(signal.SIGCONT)
+    output = run.output
+    assert code == 1, output
+    assert "gave up: no game has answered for" in output
+    assert f"127.0.0.1:{run.ports['ue-1']}" in output and f"127.0.0.1:{run.ports['ue-2']}" in output
+    assert gave_up_after < 120, gave_up_after
+    assert (tmp_path / "checkpoints" / "latest").exists()
+    assert processes.alive(sampler.pids - {run.proc.pid}) == set()
