@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "discover": ("training.commands.discover", "print a game's agents and spaces"),
     "mock-ue": ("training.commands.mock_ue", "serve Schola's GymService for gymnasium envs"),
     "bench": ("training.commands.bench", "benchmark gRPC stepping against in-process stepping"),
+    "bench-faults": ("training.commands.bench_faults", "measure what a game fault costs training"),
 }
 
 

@@ -102,6 +102,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
         self._health: GameHealth | None = None
         self._game_signature: dict[str, Any] | None = None
         self._shared_health: SharedGameHealth | None = None
+        _quiet_rllib_about_game_faults()
         super().__init__(config=config, **kwargs)
 
     # ------------------------------------------------------------------ RLlib API
@@ -245,7 +246,8 @@ class UEEnvRunner(MultiAgentEnvRunner):
 
     def _lose_game(self, fault: UEError) -> None:
         self._note_fault(str(fault))
-        log.warning("%s; this env runner keeps trying to reconnect", fault)
+        # The driver prints one line per fault from the health report; this is detail.
+        log.info("%s; this env runner keeps trying to reconnect", fault)
         self._close_env()
         self._forget_episodes()
 
@@ -266,7 +268,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
                 time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
                 continue
             self._note_recovery()
-            log.warning("game at %s answers again; sampling", self.game_health_state().endpoint)
+            log.info("game at %s answers again; sampling", self.game_health_state().endpoint)
             return True
 
 
@@ -280,3 +282,18 @@ def _game_fault(exc: BaseException) -> UEError | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+class _DropGameFaultTracebacks(logging.Filter):
+    """RLlib logs a failed env step with its traceback; a game fault is reported once, in
+    one line, by the driver instead (and kept in game_events.jsonl)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or _game_fault(exc) is None
+
+
+def _quiet_rllib_about_game_faults() -> None:
+    rllib_logger = logging.getLogger("ray.rllib")  # the logger RLlib's env runners use
+    if not any(isinstance(f, _DropGameFaultTracebacks) for f in rllib_logger.filters):
+        rllib_logger.addFilter(_DropGameFaultTracebacks())

@@ -1,0 +1,176 @@
+"""`uerl bench-faults`: what a game fault costs training, measured on a real `uerl local` run.
+
+Runs `uerl local` (mock games, real raylets), and after iterations 3, 5, 7, ...
+faults one game: SIGKILL (the supervisor restarts it) or SIGSTOP for a few
+seconds then SIGCONT (a hung game). Two figures per fault:
+  extra     the faulted iteration's time minus the median of unfaulted ones;
+  rejoin    from the game answering again (first gRPC handshake after a restart,
+            or SIGCONT) to its env runner's new session (game_events.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ITER = re.compile(r"^iter\s+(\d+) ")
+GAMES = re.compile(r"games (.*) \(up in")
+
+
+@dataclass
+class Fault:
+    kind: str
+    game: str
+    runner: int
+    after_iteration: int
+    sent_at: float = 0.0
+    answered_at: float | None = None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="uerl bench-faults", description=__doc__.split("\n")[0])
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--faults", type=int, default=4, help="faults, two iterations apart (4)")
+    parser.add_argument("--kind", choices=("kill", "stop", "both"), default="both")
+    parser.add_argument("--stop-seconds", type=float, default=4.0, help="SIGSTOP length (4)")
+    parser.add_argument("--request-timeout", type=float, default=2.0)
+    parser.add_argument("--run-dir", type=Path, help="default: a temporary directory")
+    return parser
+
+
+def _game_pid(root: int, port: int) -> int | None:
+    import psutil
+
+    for child in psutil.Process(root).children(recursive=True):
+        try:
+            argv = child.cmdline()
+        except psutil.Error:
+            continue
+        if "mock-ue" in argv and argv[argv.index("--port") + 1] == str(port):
+            return child.pid
+    return None
+
+
+def _wait_answering(endpoint: str, fault: Fault) -> None:
+    """Record when the faulted game completes a gRPC handshake again."""
+    from training.run.preflight import PreflightError, grpc_ready
+
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            grpc_ready(endpoint, timeout_s=0.5, what="game")
+        except PreflightError:
+            time.sleep(0.02)
+            continue
+        fault.answered_at = time.time()
+        return
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="uerl-bench-faults-"))
+    iterations = 3 + 2 * args.faults + 2
+    cmd = [
+        sys.executable, "-m", "training.cli", "local", "--run-dir", str(run_dir),
+        "--workers", str(args.workers), "--iterations", str(iterations),
+        "--request-timeout", str(args.request_timeout), "--checkpoint-every", "1000",
+    ]  # fmt: skip
+    kinds = {"kill": ["kill"], "stop": ["stop"], "both": ["kill", "stop"]}[args.kind]
+    plan = [
+        Fault(kinds[k % len(kinds)], f"ue-{k % args.workers + 1}", k % args.workers + 1, 3 + 2 * k)
+        for k in range(args.faults)
+    ]
+    print(f"uerl bench-faults: {' '.join(cmd[3:])}", flush=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ports: dict[str, int] = {}
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if (m := GAMES.search(line)) is not None:
+            pairs = (item.split("=") for item in m.group(1).split(", "))
+            ports = {name: int(endpoint.rsplit(":", 1)[1]) for name, endpoint in pairs}
+        if (m := ITER.match(line)) is None:
+            continue
+        print(line.rstrip(), flush=True)
+        for fault in plan:
+            if fault.after_iteration == int(m.group(1)):
+                _inject(fault, proc.pid, ports[fault.game], args.stop_seconds)
+    code = proc.wait()
+    if code != 0:
+        print(f"uerl bench-faults: uerl local exited {code}; see {run_dir}", file=sys.stderr)
+        return 1
+    _report(plan, run_dir)
+    return 0
+
+
+def _inject(fault: Fault, root: int, port: int, stop_s: float) -> None:
+    pid = _game_pid(root, port)
+    if pid is None:
+        return
+    endpoint = f"127.0.0.1:{port}"
+    fault.sent_at = time.time()
+    if fault.kind == "kill":
+        os.kill(pid, signal.SIGKILL)
+        threading.Thread(target=_wait_answering, args=(endpoint, fault), daemon=True).start()
+    else:
+        os.kill(pid, signal.SIGSTOP)
+
+        def resume() -> None:
+            time.sleep(stop_s)
+            os.kill(pid, signal.SIGCONT)
+            fault.answered_at = time.time()
+
+        threading.Thread(target=resume, daemon=True).start()
+
+
+def _report(plan: list[Fault], run_dir: Path) -> None:
+    with (run_dir / "metrics.csv").open() as fh:
+        times = {int(r["iteration"]): float(r["time_s"]) for r in csv.DictReader(fh)}
+    events_path = run_dir / "game_events.jsonl"
+    lines = events_path.read_text().splitlines() if events_path.is_file() else []
+    events = [json.loads(line) for line in lines]
+    faulted = {f.after_iteration + 1 for f in plan}
+    baseline = statistics.median(t for i, t in times.items() if i > 1 and i not in faulted)
+    print(f"\nbaseline iteration (median of unfaulted, from 2): {baseline:.2f} s")
+    print(
+        f"{'fault':<6}{'kind':<9}{'game':<6}{'iteration':>10}{'time':>8}{'extra':>8}{'rejoin':>9}"
+    )
+    extras, rejoins = [], []
+    for n, fault in enumerate(plan, 1):
+        it = fault.after_iteration + 1
+        extra = times.get(it, float("nan")) - baseline
+        recovery = next(
+            (
+                e for e in events
+                if e["kind"] == "recovery" and e["runner_index"] == fault.runner
+                and e["at"] >= fault.sent_at
+            ),
+            None,
+        )  # fmt: skip
+        rejoin = (
+            recovery["at"] - fault.answered_at
+            if recovery is not None and fault.answered_at is not None
+            else float("nan")
+        )
+        extras.append(extra)
+        rejoins.append(rejoin)
+        print(
+            f"{n:<6}{fault.kind:<9}{fault.game:<6}{it:>10}{times.get(it, float('nan')):>7.2f}s"
+            f"{extra:>+7.2f}s{rejoin:>8.2f}s"
+        )
+    print(
+        f"mean extra per fault {statistics.fmean(extras):+.2f} s; "
+        f"mean game-answers-to-runner-samples {statistics.fmean(rejoins):.2f} s"
+    )
