@@ -1,5 +1,6 @@
 # Two entry points: `make local` (the main job) and `make test`.
 # Both build the virtualenv first; `make setup` alone only builds it.
+# `make e2e`: the real Kubernetes tier (builds its Go binaries once, ~35 min cold).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,8 +10,8 @@ STAMP := $(VENV)/.uerl-installed
 
 setup: $(STAMP)
 
-# torch first: 2.13.0 is the CPU build on this disk; any other version
-# pulls a multi-GB CUDA build.
+# torch first, pinned: the PyPI build (with its CUDA libraries, a few GB);
+# the rest then resolves against it instead of pulling another torch.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -26,7 +27,12 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra -m "not k8s" $(PYTEST_ARGS)
+
+# Builds what is missing (cached outside the work tree), then runs the tier.
+e2e: $(STAMP)
+	bash tests/k8s/build/build.sh
+	$(BIN)/python -m pytest -ra -m k8s tests/k8s $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/uerl bench $(ARGS)

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes pieces that tests/k8s runs (control plane, datastore,
+# KWOK, the KubeRay operator, the Pulumi CLI) from Go modules, into a cache
+# outside the work tree:
+#
+#   ${UERL_K8S_CACHE:-$HOME/.cache/uerl-k8s}/<name>-<version>/bin/
+#
+# A piece whose directory is complete is reused, so a second run is a no-op.
+# Everything comes through the `go` client from the Go module proxy; nothing
+# else is downloaded. Builds run under `nice -n 19` with `go build -p 1` so one
+# core stays free for other work.
+#
+# Usage: tests/k8s/build/build.sh [--force] [PIECE...]
+#   PIECE: kubernetes kine kwok kuberay pulumi (default: all)
+#   --force: rebuild the named pieces even if they are cached
+#   --print-cache: print the cache directory and exit
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$HERE/versions.env" # the pinned versions
+
+CACHE=${UERL_K8S_CACHE:-$HOME/.cache/uerl-k8s}
+
+ALL_PIECES=(kubernetes kine kwok kuberay pulumi)
+
+version_of() {
+  case $1 in
+    kubernetes) echo "$KUBERNETES_VERSION" ;;
+    kine) echo "$KINE_VERSION" ;;
+    kwok) echo "$KWOK_VERSION" ;;
+    kuberay) echo "$KUBERAY_VERSION" ;;
+    pulumi) echo "$PULUMI_VERSION" ;;
+    *) echo "unknown piece: $1" >&2; return 1 ;;
+  esac
+}
+
+FORCE=0
+PIECES=()
+for arg in "$@"; do
+  case $arg in
+    --force) FORCE=1 ;;
+    --print-cache) echo "$CACHE"; exit 0 ;;
+    -h | --help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
+    *) version_of "$arg" >/dev/null; PIECES+=("$arg") ;;
+  esac
+done
+[[ ${#PIECES[@]} -gt 0 ]] || PIECES=("${ALL_PIECES[@]}")
+
+command -v go >/dev/null || { echo "build.sh: go is not on PATH" >&2; exit 1; }
+
+# Only the Go module proxy; never a VCS checkout, never a toolchain download.
+export GOPROXY=https://proxy.golang.org
+export GOTOOLCHAIN=local
+export GOFLAGS="-p=1 -buildvcs=false"
+export CGO_ENABLED=0
+
+NICE=(nice -n 19)
+
+# go build inside one of the wrapper modules beside this script (their go.mod and
+# go.sum are committed, so the build is read-only against them).
+wrapper_build() { # DIR OUT LDFLAGS PKG...
+  local dir=$1 out=$2 ldflags=$3
+  shift 3
+  (cd "$HERE/$dir" && "${NICE[@]}" go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$out/" "$@")
+}
+
+# go install PKG@VERSION of a module whose go.mod has no replace directives
+# (its own go.sum is then used as is).
+module_install() { # OUT LDFLAGS PKG@VERSION
+  local out=$1 ldflags=$2 target=$3
+  (cd "$out" && GOBIN="$out" "${NICE[@]}" go install -trimpath -ldflags "$ldflags" "$target")
+}
+
+require() { # WRAPPER-DIR MODULE VERSION: the wrapper's go.mod must pin the same version
+  grep -q "^[[:space:]]*\(require \)\?$2 $3\$" "$HERE/$1/go.mod" ||
+    { echo "$1/go.mod does not require $2 $3 (versions.env)" >&2; return 1; }
+}
+
+build_kubernetes() { # OUT
+  local v=$KUBERNETES_VERSION minor ldflags="-s -w" key val pkg
+  minor=${v#v*.}
+  minor=${minor%%.*}
+  local -A vars=(
+    [gitVersion]=$v
+    [gitMajor]=$(echo "${v#v}" | cut -d. -f1)
+    [gitMinor]=$minor
+    [gitTreeState]=clean
+    [buildDate]=1970-01-01T00:00:00Z
+  )
+  for key in "${!vars[@]}"; do
+    val=${vars[$key]}
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldflags+=" -X $pkg.$key=$val"
+    done
+  done
+  require kubernetes k8s.io/kubernetes "$v"
+  wrapper_build kubernetes "$1" "$ldflags" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl
+}
+
+build_kine() {
+  module_install "$1" "-s -w -X github.com/k3s-io/kine/pkg/version.Version=$KINE_VERSION" \
+    "github.com/k3s-io/kine@$KINE_VERSION"
+}
+
+build_kwok() {
+  module_install "$1" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
+    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+}
+
+build_kuberay() {
+  # A wrapper module: `go install ...@version` of it asks the proxy for the
+  # module's version list (deprecation check), which the proxy here refuses.
+  require kuberay github.com/ray-project/kuberay/ray-operator "$KUBERAY_VERSION"
+  wrapper_build kuberay "$1" "-s -w" github.com/ray-project/kuberay/ray-operator
+  mv "$1/ray-operator" "$1/kuberay-operator"
+}
+
+build_pulumi() {
+  require pulumi github.com/pulumi/pulumi/pkg/v3 "$PULUMI_VERSION"
+  wrapper_build pulumi "$1" \
+    "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION" \
+    github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
+}
+
+status=0
+for piece in "${PIECES[@]}"; do
+  version=$(version_of "$piece")
+  dest="$CACHE/$piece-$version"
+  if [[ $FORCE == 0 && -f "$dest/.complete" ]]; then
+    echo "reused $piece $version: $dest/bin ($(ls "$dest/bin" | tr '\n' ' '))"
+    continue
+  fi
+  echo "building $piece $version -> $dest/bin"
+  tmp="$CACHE/.tmp-$piece-$version"
+  rm -rf "$tmp"
+  mkdir -p "$tmp/bin"
+  start=$SECONDS
+  if "build_$piece" "$tmp/bin"; then
+    {
+      echo "piece=$piece"
+      echo "version=$version"
+      echo "go=$(go env GOVERSION)"
+      echo "seconds=$((SECONDS - start))"
+    } >"$tmp/.complete"
+    rm -rf "$dest"
+    mv "$tmp" "$dest"
+    echo "built $piece $version in $((SECONDS - start))s: $(du -sh "$dest" | cut -f1) in $dest/bin ($(ls "$dest/bin" | tr '\n' ' '))"
+  else
+    rm -rf "$tmp"
+    echo "FAILED to build $piece $version (after $((SECONDS - start))s)" >&2
+    status=1
+  fi
+done
+exit $status

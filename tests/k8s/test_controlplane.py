@@ -1,0 +1,68 @@
+"""The real control plane (kube-apiserver, controllers, KWOK nodes, KubeRay operator)
+accepts and reconciles what `uerl render` produces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from controlplane import KUBERAY_CRDS_DIR, ControlPlane, pinned_versions
+from stacks import WORKLOADS, deploy_and_wait
+
+pytestmark = pytest.mark.k8s
+
+def test_kwok_node_is_ready(control_plane: ControlPlane) -> None:
+    version = json.loads(control_plane.kubectl("version", "-o", "json").stdout)
+    assert version["serverVersion"]["gitVersion"] == pinned_versions()["kubernetes"]
+
+    lines = control_plane.kubectl("get", "nodes", "--no-headers").stdout.splitlines()
+    assert [line.split()[:2] for line in lines] == [["kwok-node-0", "Ready"]]
+    node = control_plane.get_json("node", "kwok-node-0")
+    assert node["status"]["allocatable"]["cpu"] == "32"
+    assert node["status"]["allocatable"]["memory"] == "64Gi"
+
+
+def test_kuberay_crds_apply(control_plane: ControlPlane) -> None:
+    # Server-side: client-side apply of the RayCluster, RayJob and RayService
+    # CRDs fails (the last-applied-configuration annotation exceeds 256 KiB).
+    out = control_plane.kubectl("apply", "--server-side", "-f", str(KUBERAY_CRDS_DIR)).stdout
+    assert sorted(line.split()[0] for line in out.splitlines()) == [
+        f"customresourcedefinition.apiextensions.k8s.io/{kind}.ray.io"
+        for kind in ("rayclusters", "raycronjobs", "rayjobs", "rayservices")
+    ]
+    control_plane.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/rayclusters.ray.io"
+    )
+
+
+def test_dev_stack_is_reconciled(control_plane: ControlPlane) -> None:
+    """The dev stack (mock game, sidecar pattern): head + learners + workers Running."""
+    objects = deploy_and_wait(control_plane, "--stack", "dev")
+    assert [o["kind"] for o in objects] == ["Namespace", "ConfigMap", "RayCluster"]
+
+
+def test_unreal_networked_stack_claims_the_rwx_volume(control_plane: ControlPlane) -> None:
+    """An Unreal stack, networked: its executables claim binds a ReadWriteMany volume,
+    the games' workload rolls out and the RayCluster comes up."""
+    objects = deploy_and_wait(
+        control_plane,
+        "--stack", "dev",
+        "--set", "topology.name=ue",
+        "--set", "topology.namespace=uerl-ue",
+        "--set", "topology.simulator.kind=unreal",
+        "--set", "topology.pattern=networked",
+        "--set", "topology.workers.replicas=3",
+    )  # fmt: skip
+    claim = next(o for o in objects if o["kind"] == "PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+
+    def bound() -> bool:
+        got = control_plane.get_json(
+            "pvc", "-n", claim["metadata"]["namespace"], claim["metadata"]["name"]
+        )
+        return got.get("status", {}).get("phase") == "Bound"
+
+    control_plane.wait_until(bound, 60, f"claim {claim['metadata']['name']} Bound")
+    pv = control_plane.get_json("pv", "uerl-test-rwx")
+    assert pv["spec"]["claimRef"]["name"] == claim["metadata"]["name"]
+    assert any(o["kind"] in WORKLOADS for o in objects)

@@ -1,0 +1,120 @@
+"""What the real API server and KubeRay operator do with uerl's objects as a stack changes:
+pod template changes recreate pods while rescaling keeps them, sidecar games are native
+sidecars in the pods the operator creates, two stacks share a namespace, and the games'
+StatefulSet gives each game the DNS name the endpoints template expands to."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from controlplane import ControlPlane
+from stacks import deploy_and_wait, render, running_and_ready
+
+pytestmark = pytest.mark.k8s
+
+
+@pytest.fixture(autouse=True)
+def _remove_stacks(control_plane: ControlPlane) -> Iterator[None]:
+    """Each test's stacks go away after it, so the fake node has room for the next."""
+    before = _uerl_namespaces(control_plane)
+    yield
+    for namespace in sorted(_uerl_namespaces(control_plane) - before):
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s")
+
+
+def _uerl_namespaces(cp: ControlPlane) -> set[str]:
+    items = cp.get_json("namespaces")["items"]
+    return {n["metadata"]["name"] for n in items if n["metadata"]["name"].startswith("uerl-")}
+
+
+def _ray_pods(cp: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
+    return cp.get_json("pods", "-n", namespace, "-l", f"ray.io/cluster={name}")["items"]
+
+
+def _stack(name: str, *sets: str) -> list[str]:
+    args = ["--stack", "dev", "--set", f"topology.name={name}"]
+    args += ["--set", f"topology.namespace=uerl-{name}"]
+    for item in sets:
+        args += ["--set", f"topology.{item}"]
+    return args
+
+
+def test_a_new_ray_image_recreates_the_pods_and_a_rescale_keeps_them(
+    control_plane: ControlPlane,
+) -> None:
+    cp, ns = control_plane, "uerl-upg"
+    deploy_and_wait(cp, *_stack("upg"))
+    first = {p["metadata"]["uid"] for p in _ray_pods(cp, ns, "upg")}
+
+    deploy_and_wait(cp, *_stack("upg", "workers.replicas=3"))
+    rescaled = {p["metadata"]["uid"] for p in _ray_pods(cp, ns, "upg")}
+    assert first < rescaled and len(rescaled) == len(first) + 1  # replicas alone: kept
+
+    _, objects = render(*_stack("upg", "workers.replicas=3", "ray.image=uerl/ray:next"))
+    cp.apply(objects, "--server-side", "--field-manager=uerl-tests")
+
+    def recreated() -> bool:
+        pods = _ray_pods(cp, ns, "upg")
+        return (
+            len(pods) == len(rescaled)
+            and not {p["metadata"]["uid"] for p in pods} & rescaled
+            and all(running_and_ready(p) for p in pods)
+            and all(p["spec"]["containers"][0]["image"] == "uerl/ray:next" for p in pods)
+        )
+
+    cp.wait_until(recreated, 120, "every Ray pod recreated with image uerl/ray:next")
+
+
+def test_sidecar_games_run_as_native_sidecars_in_the_operators_pods(
+    control_plane: ControlPlane,
+) -> None:
+    cp = control_plane
+    deploy_and_wait(cp, *_stack("side", "pattern=sidecar"))
+    workers = [
+        p
+        for p in _ray_pods(cp, "uerl-side", "side")
+        if p["metadata"]["labels"]["ray.io/group"] == "workers"
+    ]
+    assert len(workers) == 2
+    for pod in workers:
+        spec = pod["spec"]
+        assert spec["containers"][0]["name"] == "ray-worker"  # KubeRay's Ray container
+        game = next(c for c in spec["initContainers"] if c["name"] == "ue")
+        assert game["restartPolicy"] == "Always" and "startupProbe" in game
+        # The game comes before KubeRay's own init container, so it starts first.
+        names = [c["name"] for c in spec["initContainers"]]
+        assert names.index("ue") < len(names) - 1 or names == ["ue"], names
+        assert spec.get("restartPolicy", "Always") == "Always"
+
+
+def test_two_networked_stacks_share_a_namespace_without_colliding(
+    control_plane: ControlPlane,
+) -> None:
+    cp = control_plane
+    for name in ("alpha", "beta"):
+        args = _stack(name, "pattern=networked", "workers.replicas=2")
+        args[args.index("topology.namespace=uerl-" + name)] = "topology.namespace=uerl-shared"
+        deploy_and_wait(cp, *args)
+    statefulsets = cp.get_json("statefulsets", "-n", "uerl-shared")["items"]
+    assert {s["metadata"]["name"] for s in statefulsets} == {"alpha-ue", "beta-ue"}
+    pods = {p["metadata"]["name"] for p in cp.get_json("pods", "-n", "uerl-shared")["items"]}
+    assert {"alpha-ue-1", "alpha-ue-2", "beta-ue-1", "beta-ue-2"} <= pods
+
+
+def test_each_game_pod_has_the_dns_name_the_endpoints_template_expands_to(
+    control_plane: ControlPlane,
+) -> None:
+    cp, ns = control_plane, "uerl-dns"
+    objects = deploy_and_wait(cp, *_stack("dns", "pattern=networked", "workers.replicas=3"))
+    config = next(o for o in objects if o["kind"] == "ConfigMap")
+    endpoints = json.loads(next(iter(config["data"].values())))
+    template = endpoints["worker_url_template"]
+    for index in (1, 2, 3):
+        pod = cp.get_json("pod", "-n", ns, f"dns-ue-{index}")
+        service = pod["spec"]["subdomain"]
+        dns = f"{pod['spec']['hostname']}.{service}.{ns}.svc.cluster.local"
+        assert template.replace("{worker_index}", str(index)) == dns
+        assert cp.get_json("service", "-n", ns, service)["spec"]["clusterIP"] == "None"
