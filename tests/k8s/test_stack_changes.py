@@ -54,7 +54,7 @@ def test_a_new_ray_image_recreates_the_pods_and_a_rescale_keeps_them(
     assert first < rescaled and len(rescaled) == len(first) + 1  # replicas alone: kept
 
     _, objects = render(*_stack("upg", "workers.replicas=3", "ray.image=uerl/ray:next"))
-    cp.apply(objects, "--server-side", "--field-manager=uerl-tests")
+    cp.apply(objects)
 
     def recreated() -> bool:
         pods = _ray_pods(cp, ns, "upg")

@@ -102,8 +102,15 @@ class UEEnvRunner(MultiAgentEnvRunner):
         self._health: GameHealth | None = None
         self._game_signature: dict[str, Any] | None = None
         self._shared_health: SharedGameHealth | None = None
+        self._connection: UEConnection | None = None
         _quiet_rllib_about_game_faults()
         super().__init__(config=config, **kwargs)
+
+    @property
+    def connection(self) -> UEConnection:
+        if self._connection is None:
+            self._connection = UEConnection.from_env_config(dict(self.config.env_config))
+        return self._connection
 
     # ------------------------------------------------------------------ RLlib API
 
@@ -111,13 +118,12 @@ class UEEnvRunner(MultiAgentEnvRunner):
         from training.protocol.grpc_tuning import apply_low_latency_defaults
 
         apply_low_latency_defaults()  # no-op if grpc is already loaded in this worker
-        connection = UEConnection.from_env_config(dict(self.config.env_config))
-        self._open_game(connection, startup_timeout_s=connection.startup_timeout_s)
+        self._open_game(startup_timeout_s=self.connection.startup_timeout_s)
 
     def sample(self, **kwargs: Any) -> list[Any]:
         health = self.game_health_state()
         if not health.healthy:
-            connection = UEConnection.from_env_config(dict(self.config.env_config))
+            connection = self.connection
             budget = connection.fault_wait_s
             if self._shared.every_game_down_for(connection.give_up_after_s):
                 # Every call returning at once would spin RLlib's sampling loop forever;
@@ -140,9 +146,8 @@ class UEEnvRunner(MultiAgentEnvRunner):
 
     def game_health_state(self) -> GameHealth:
         if self._health is None:
-            connection = UEConnection.from_env_config(dict(self.config.env_config))
             index = self.worker_index or 0
-            self._health = GameHealth(index, connection.endpoint_for(index))
+            self._health = GameHealth(index, self.connection.endpoint_for(index))
         return self._health
 
     @property
@@ -178,9 +183,10 @@ class UEEnvRunner(MultiAgentEnvRunner):
         self.metrics.log_value(NUM_ENV_STEPS_SAMPLED, 0, reduce="sum")
         return []
 
-    def _open_game(self, connection: UEConnection, *, startup_timeout_s: float) -> None:
+    def _open_game(self, *, startup_timeout_s: float) -> None:
         from training.rllib.vector_env import UEVectorEnv  # grpc only where envs are built
 
+        connection = self.connection
         self._close_env()
         index = self.worker_index or 0
         endpoint = connection.endpoint_for(index)
@@ -253,14 +259,13 @@ class UEEnvRunner(MultiAgentEnvRunner):
 
     def _reconnect(self, budget_s: float) -> bool:
         """Try for a new session within `budget_s`; True once the game answers."""
-        connection = UEConnection.from_env_config(dict(self.config.env_config))
         deadline = time.monotonic() + budget_s
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
             try:
-                self._open_game(connection, startup_timeout_s=max(remaining, 0.2))
+                self._open_game(startup_timeout_s=max(remaining, 0.2))
             except GameChangedError:
                 raise  # a different game answered: not something waiting fixes
             except UEError as exc:
