@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.endpoints import Endpoints
+from training.protocol.game_spec import GameSpec
 from training.rllib.hparams import Algo
 from training.run import checkpoints, metrics
 from training.run.runner_health import RunnerHealthBoard
@@ -145,7 +146,7 @@ def run_training(
             endpoints.num_env_runners, give_up_after_s=options.game_down_limit_s
         )
         try:
-            result = _loop(algo, options, stop, log, board)
+            result = _loop(algo, options, stop, log, board, game)
         finally:
             algo.stop()
     finally:
@@ -208,7 +209,12 @@ def _check_runners(
 
 
 def _loop(
-    algo: Any, options: TrainOptions, stop: StopRequest, log: Log, board: RunnerHealthBoard
+    algo: Any,
+    options: TrainOptions,
+    stop: StopRequest,
+    log: Log,
+    board: RunnerHealthBoard,
+    game: GameSpec | None = None,
 ) -> TrainResult:
     result = TrainResult()
     rows: list[metrics.IterationRow] = []
@@ -240,12 +246,12 @@ def _loop(
             rows.append(row)
             log(metrics.progress_line(row))
             if row.iteration % options.checkpoint_every == 0:
-                result.checkpoint = _save(algo, options, row)
+                result.checkpoint = _save(algo, options, row, game)
                 last_saved = row.iteration
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
         if rows and rows[-1].iteration != last_saved:
-            result.checkpoint = _save(algo, options, rows[-1])
+            result.checkpoint = _save(algo, options, rows[-1], game)
         elif rows and result.checkpoint is None:
             result.checkpoint = checkpoints.resolve(checkpoints.LATEST, options.checkpoint_dir)
     finally:
@@ -255,9 +261,17 @@ def _loop(
     return result
 
 
-def _save(algo: Any, options: TrainOptions, row: metrics.IterationRow) -> Path:
-    meta = checkpoints.CheckpointMeta(row.iteration, row.env_steps_total, options.algo)
-    return checkpoints.save(algo, options.checkpoint_dir, meta)
+def _save(
+    algo: Any, options: TrainOptions, row: metrics.IterationRow, game: GameSpec | None
+) -> Path:
+    meta = checkpoints.CheckpointMeta(
+        row.iteration,
+        row.env_steps_total,
+        options.algo,
+        normalize_actions=bool(algo.config.normalize_actions),
+        clip_actions=bool(algo.config.clip_actions),
+    )
+    return checkpoints.save(algo, options.checkpoint_dir, meta, game=game)
 
 
 def _write_artefacts(
