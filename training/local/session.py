@@ -13,33 +13,38 @@ import atexit
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from infra.endpoints import Endpoints
     from infra.topology import Topology
     from training.local.games import LocalMockGames
-    from training.run.driver import TrainOptions
+    from training.run.stop import StopRequest
+
+# What runs against the started topology (training, evaluation, or both): its exit code.
+Work = Callable[["Endpoints", "StopRequest"], int]
 
 
 def run_local(
     topology: Topology,
-    options: TrainOptions,
+    work: Work,
     *,
+    run_dir: Path,
     env_id: str,
     envs_per_game: int,
     base_port: int | None,
     prog: str,
     max_game_restarts: int = 10,
 ) -> int:
-    """Start the topology, train against it with the `uerl train` code path, stop it all."""
+    """Start the topology, run `work` against its endpoints (the `uerl train` / `uerl eval`
+    code paths), stop it all."""
     from training.local.endpoints import local_endpoints
     from training.local.games import LocalGamesError, LocalMockGames
     from training.local.ray_cluster import LocalClusterError, LocalRayCluster, node_specs
-    from training.run.outcome import train_and_report
     from training.run.stop import StopRequest
 
-    run_dir: Path = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalRayCluster(
         node_specs(
@@ -92,7 +97,7 @@ def run_local(
                     + f" (up in {time.monotonic() - started:.1f}s)",
                     flush=True,
                 )
-                code = train_and_report(endpoints, options, stop=stop, prog=prog)
+                code = work(endpoints, stop)
     except KeyboardInterrupt:
         print(f"{prog}: aborted; everything started was stopped", file=sys.stderr)
         code = 130
