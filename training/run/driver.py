@@ -22,6 +22,7 @@ from training.rllib.hparams import Algo
 from training.run import checkpoints, metrics
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
+from training.run.tensorboard import TensorBoardWriter
 
 DEFAULT_ITERATIONS = 10
 CSV_NAME = "metrics.csv"
@@ -32,6 +33,12 @@ EVENTS_NAME = "game_events.jsonl"
 HEALTH_QUERY_TIMEOUT_S = 2.0
 
 Log = Callable[[str], None]
+
+
+def print_line(line: str) -> None:
+    """Print and flush: under `ray job submit` stdout is a file, and `ray job logs`
+    shows only what was flushed, so unflushed progress lines would come at the end."""
+    print(line, flush=True)
 
 
 class TrainOptions(BaseModel):
@@ -103,7 +110,7 @@ def run_training(
     options: TrainOptions,
     *,
     stop: StopRequest | None = None,
-    log: Log = print,
+    log: Log = print_line,
 ) -> TrainResult:
     """Train against `endpoints`; Ray is connected here and disconnected on return."""
     import ray
@@ -237,14 +244,17 @@ def _loop(
     last_saved = rows[-1].iteration if rows else -1
     result.rows = rows
     stop.graceful = True
+    tensorboard = TensorBoardWriter(options.run_dir)
     try:
         while not _done(options, rows) and not stop.requested:
-            row = metrics.row_from_result(algo.train(), previous_steps=previous)
+            train_result = algo.train()
+            row = metrics.row_from_result(train_result, previous_steps=previous)
             _check_runners(algo, board, stop, log, options.run_dir / EVENTS_NAME)
             row = replace(row, runners_healthy=board.healthy, runners_total=board.total)
             previous = row.env_steps_total
             rows.append(row)
             log(metrics.progress_line(row))
+            tensorboard.write(row, train_result, board.latest)
             if row.iteration % options.checkpoint_every == 0:
                 result.checkpoint = _save(algo, options, row, game)
                 last_saved = row.iteration
@@ -256,6 +266,7 @@ def _loop(
             result.checkpoint = checkpoints.resolve(checkpoints.LATEST, options.checkpoint_dir)
     finally:
         stop.graceful = False
+        tensorboard.close()
     if result.checkpoint is not None:
         log(f"checkpoint: {result.checkpoint}")
     return result

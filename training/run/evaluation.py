@@ -196,14 +196,16 @@ def collect(
     return done[:episodes], games
 
 
-def run_eval(endpoints: Endpoints, options: EvalOptions, *, log: Log = print) -> EvalReport:
+def run_eval(endpoints: Endpoints, options: EvalOptions, *, log: Log | None = None) -> EvalReport:
     """Evaluate against `endpoints`; Ray is connected here and disconnected on return."""
     import ray
 
     from training.rllib.algorithm import build_algo_config
     from training.run.discovery import discover_game
+    from training.run.driver import print_line
     from training.run.preflight import preflight
 
+    log = log or print_line
     started = time.monotonic()
     path = checkpoints.resolve_checkpoint(options.checkpoint)
     meta = checkpoints.read_meta(path)
