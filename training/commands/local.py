@@ -7,9 +7,12 @@ raylets on 127.0.0.2), Y mock games (+ a discovery instance when networked) on
 stopped on exit, on error and on Ctrl-C/SIGTERM/SIGHUP (and dies with this
 process if it is killed).
 
-`uerl local eval --checkpoint DIR ...` starts the same topology and runs the
-`uerl eval` code path instead; `uerl local --eval-episodes N` evaluates the final
-checkpoint after training, on the same games (training has released them).
+`uerl local serve` starts the same topology with the Ray dashboard and keeps it
+up until Ctrl-C/SIGTERM, for `ray job submit ... -- uerl train` against it (the
+Ray Jobs flow of a deployed cluster, on this machine). `uerl local eval
+--checkpoint DIR ...` starts it and runs the `uerl eval` code path instead;
+`uerl local --eval-episodes N` evaluates the final checkpoint after training, on
+the same games (training has released them).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 
 PROG = "uerl local"
 EVAL_PROG = "uerl local eval"
+SERVE_PROG = "uerl local serve"
 
 
 def _add_topology_args(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +65,12 @@ def _add_topology_args(parser: argparse.ArgumentParser) -> None:
         default=10,
         metavar="N",
         help="restart a game that exits at most N times, then stop training (10)",
+    )
+    parser.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="start the Ray dashboard (and its job API) on 127.0.0.2; its URL goes into "
+        "endpoints.json as ray.dashboard_url",
     )
 
 
@@ -126,6 +136,7 @@ def _run(args: argparse.Namespace, topology: Topology, work: Work, run_dir: Path
         base_port=args.base_port,
         prog=prog,
         max_game_restarts=args.game_restarts,
+        dashboard=args.dashboard,
     )
 
 
@@ -133,6 +144,8 @@ def main(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv[:1] == ["eval"]:
         return main_eval(argv[1:])
+    if argv[:1] == ["serve"]:
+        return main_serve(argv[1:])
     args = build_parser().parse_args(argv)
     from training.local.topology import StackConfigError
     from training.rllib.hparams import HyperparameterError
@@ -194,3 +207,53 @@ def main_eval(argv: Sequence[str]) -> int:
         return eval_and_report(endpoints, options, prog=EVAL_PROG)
 
     return _run(args, topology, evaluate, run_dir, EVAL_PROG)
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=SERVE_PROG,
+        description="Start the topology on this machine with the Ray dashboard (job API) and "
+        "keep it up until Ctrl-C/SIGTERM: submit `uerl train` / `uerl eval` to it with "
+        "`ray job submit`, exactly as on a deployed cluster.",
+    )
+    _add_topology_args(parser)
+    parser.add_argument("--run-dir", type=Path, help="logs, endpoints.json (default runs/...)")
+    return parser
+
+
+def serve_instructions(dashboard_url: str, endpoints_file: Path) -> str:
+    return (
+        f"{SERVE_PROG}: serving; submit training with\n"
+        f"  ray job submit --address {dashboard_url} --working-dir . -- \\\n"
+        f"      uerl train --endpoints {endpoints_file} --run-dir /tmp/uerl-job\n"
+        f"{SERVE_PROG}: Ctrl-C stops everything"
+    )
+
+
+def main_serve(argv: Sequence[str]) -> int:
+    args = build_serve_parser().parse_args(list(argv))
+    args.dashboard = True  # the point of serving: the job API
+    from training.local.topology import StackConfigError
+
+    try:
+        topology = _load_topology(args)
+    except (StackConfigError, ValueError) as exc:
+        print(f"{SERVE_PROG}: {exc}", file=sys.stderr)
+        return 2
+    run_dir = (
+        args.run_dir
+        or Path("runs") / f"local-{topology.name}-serve-{time.strftime('%Y%m%d-%H%M%S')}"
+    ).resolve()
+
+    def serve(endpoints: Endpoints, stop: StopRequest) -> int:
+        print(
+            serve_instructions(endpoints.ray.dashboard_url, run_dir / "endpoints.json"), flush=True
+        )
+        try:
+            while not stop.requested:
+                time.sleep(0.5)
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the way to stop serving
+            pass
+        return 0
+
+    return _run(args, topology, serve, run_dir, SERVE_PROG)

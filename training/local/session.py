@@ -37,6 +37,7 @@ def run_local(
     base_port: int | None,
     prog: str,
     max_game_restarts: int = 10,
+    dashboard: bool = False,
 ) -> int:
     """Start the topology, run `work` against its endpoints (the `uerl train` / `uerl eval`
     code paths), stop it all."""
@@ -55,6 +56,7 @@ def run_local(
             custom_resource=topology.workers.custom_resource,
         ),
         log_dir=run_dir / "logs",
+        dashboard=dashboard,
     )
     games = LocalMockGames(
         workers=topology.workers.replicas,
@@ -89,12 +91,14 @@ def run_local(
                     gcs_address=cluster.address,
                     client_port=cluster.client_port,
                     base_port=games.base_port,
+                    dashboard_url=cluster.dashboard_url,
                 )
                 (run_dir / "endpoints.json").write_text(endpoints.to_json())
                 print(
                     f"{prog}: Ray at {cluster.address}, games "
                     + ", ".join(f"{g.name}={g.endpoint}" for g in games.games)
-                    + f" (up in {time.monotonic() - started:.1f}s)",
+                    + f" (up in {time.monotonic() - started:.1f}s)"
+                    + (f"; dashboard and job API at {cluster.dashboard_url}" if dashboard else ""),
                     flush=True,
                 )
                 code = work(endpoints, stop)
