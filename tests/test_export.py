@@ -168,7 +168,7 @@ def test_a_module_on_the_flattened_dict_observation_still_gets_named_inputs(
 
 
 def test_an_unrelated_module_space_is_refused_naming_the_policy() -> None:
-    with pytest.raises(ExportError, match="policy 'cart'.*neither"):
+    with pytest.raises(ExportError, match=r"policy 'cart'.*neither"):
         policy_interface(
             "cart",
             game_obs=gym.spaces.Box(-1, 1, (4,), np.float32),
