@@ -26,7 +26,7 @@ from pydantic import (
 from infra.config_path import format_path
 from infra.endpoints import Endpoints, RayAddresses, Resources
 
-# The Ray version the training package is pinned to (pyproject: ray[rllib]==...).
+# The Ray version the training package is pinned to (pyproject: ray[default,rllib]==...).
 # The default Ray image follows it so head, workers and driver agree.
 RAY_VERSION = "2.60.0"
 PYTHON_TAG = "py311"

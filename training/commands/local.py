@@ -6,25 +6,39 @@ raylets on 127.0.0.2), Y mock games (+ a discovery instance when networked) on
 127.0.0.1, and an endpoints object describing them. Everything started is
 stopped on exit, on error and on Ctrl-C/SIGTERM/SIGHUP (and dies with this
 process if it is killed).
+
+`uerl local serve` starts the same topology with the Ray dashboard and keeps it
+up until Ctrl-C/SIGTERM, for `ray job submit ... -- uerl train` against it (the
+Ray Jobs flow of a deployed cluster, on this machine). `uerl local eval
+--checkpoint DIR ...` starts it and runs the `uerl eval` code path instead;
+`uerl local --eval-episodes N` evaluates the final checkpoint after training, on
+the same games (training has released them).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from training.commands.eval_options import add_eval_args, eval_options_from_args
 from training.commands.training_options import add_training_args, options_from_args
 
+if TYPE_CHECKING:
+    from infra.endpoints import Endpoints
+    from infra.topology import Topology
+    from training.local.session import Work
+    from training.run.stop import StopRequest
+
 PROG = "uerl local"
+EVAL_PROG = "uerl local eval"
+SERVE_PROG = "uerl local serve"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Run the topology on this machine (no Kubernetes, no Docker) and train.",
-    )
+def _add_topology_args(parser: argparse.ArgumentParser) -> None:
     topo = parser.add_argument_group("topology (default: the dev stack's)")
     source = topo.add_mutually_exclusive_group()
     source.add_argument("--stack", default="dev", help="read uerl:topology from Pulumi.STACK.yaml")
@@ -52,7 +66,40 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="restart a game that exits at most N times, then stop training (10)",
     )
+    parser.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="start the Ray dashboard (and its job API) on 127.0.0.2; its URL goes into "
+        "endpoints.json as ray.dashboard_url",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run the topology on this machine (no Kubernetes, no Docker) and train. "
+        "`uerl local eval --help`: evaluate a checkpoint on it instead.",
+    )
+    _add_topology_args(parser)
     add_training_args(parser)
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        metavar="N",
+        help="after training, evaluate the final checkpoint for N episodes (deterministic)",
+    )
+    return parser
+
+
+def build_eval_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=EVAL_PROG,
+        description="Run the topology on this machine and evaluate a checkpoint on its games "
+        "(the `uerl eval` code path), without training.",
+    )
+    _add_topology_args(parser)
+    parser.add_argument("--run-dir", type=Path, help="logs (default runs/local-<name>-eval-<time>)")
+    add_eval_args(parser)
     return parser
 
 
@@ -67,32 +114,146 @@ def _topology_sets(args: argparse.Namespace) -> list[str]:
     return sets
 
 
+def _load_topology(args: argparse.Namespace) -> Topology:
+    from training.local.topology import load_topology
+
+    return load_topology(
+        stack=None if args.topology else args.stack,
+        topology_file=args.topology,
+        sets=_topology_sets(args),
+    )
+
+
+def _run(args: argparse.Namespace, topology: Topology, work: Work, run_dir: Path, prog: str) -> int:
+    from training.local.session import run_local
+
+    return run_local(
+        topology,
+        work,
+        run_dir=run_dir,
+        env_id=args.env,
+        envs_per_game=args.envs,
+        base_port=args.base_port,
+        prog=prog,
+        max_game_restarts=args.game_restarts,
+        dashboard=args.dashboard,
+    )
+
+
 def main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(list(argv))
-    from training.local.topology import StackConfigError, load_topology
+    argv = list(argv)
+    if argv[:1] == ["eval"]:
+        return main_eval(argv[1:])
+    if argv[:1] == ["serve"]:
+        return main_serve(argv[1:])
+    args = build_parser().parse_args(argv)
+    from training.local.topology import StackConfigError
     from training.rllib.hparams import HyperparameterError
     from training.run.checkpoints import CheckpointError
 
     try:
-        topology = load_topology(
-            stack=None if args.topology else args.stack,
-            topology_file=args.topology,
-            sets=_topology_sets(args),
-        )
+        topology = _load_topology(args)
         options = options_from_args(args, name=f"local-{topology.name}")
+        if args.eval_episodes is not None and args.eval_episodes < 1:
+            raise ValueError(f"--eval-episodes {args.eval_episodes}: must be at least 1")
     except (StackConfigError, HyperparameterError, CheckpointError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     if topology.learners.gpus:
         print(f"{PROG}: no GPUs here: learners run on CPU (topology asks {topology.learners.gpus})")
-    from training.local.session import run_local
 
-    return run_local(
-        topology,
-        options,
-        env_id=args.env,
-        envs_per_game=args.envs,
-        base_port=args.base_port,
-        prog=PROG,
-        max_game_restarts=args.game_restarts,
+    def train_then_eval(endpoints: Endpoints, stop: StopRequest) -> int:
+        from training.run.outcome import train_and_report
+
+        code = train_and_report(endpoints, options, stop=stop, prog=PROG)
+        if code != 0 or args.eval_episodes is None:
+            return code
+        from training.run.checkpoints import resolve_checkpoint
+        from training.run.eval_outcome import eval_and_report
+        from training.run.evaluation import EvalOptions
+
+        eval_options = EvalOptions(
+            checkpoint=resolve_checkpoint(options.checkpoint_dir),
+            episodes=args.eval_episodes,
+            report_path=options.run_dir / "eval.json",
+            request_timeout_s=options.request_timeout_s,
+            fault_wait_s=options.fault_wait_s,
+            seed=options.seed,
+        )
+        return eval_and_report(endpoints, eval_options, prog=PROG)
+
+    return _run(args, topology, train_then_eval, options.run_dir, PROG)
+
+
+def main_eval(argv: Sequence[str]) -> int:
+    args = build_eval_parser().parse_args(list(argv))
+    from training.local.topology import StackConfigError
+    from training.run.checkpoints import CheckpointError, resolve_checkpoint
+
+    try:
+        topology = _load_topology(args)
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        options = eval_options_from_args(args, checkpoint=checkpoint)
+    except (StackConfigError, CheckpointError, ValueError) as exc:
+        print(f"{EVAL_PROG}: {exc}", file=sys.stderr)
+        return 2
+    run_dir = args.run_dir or Path("runs") / (
+        f"local-{topology.name}-eval-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+
+    def evaluate(endpoints: Endpoints, stop: StopRequest) -> int:
+        from training.run.eval_outcome import eval_and_report
+
+        return eval_and_report(endpoints, options, prog=EVAL_PROG)
+
+    return _run(args, topology, evaluate, run_dir, EVAL_PROG)
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=SERVE_PROG,
+        description="Start the topology on this machine with the Ray dashboard (job API) and "
+        "keep it up until Ctrl-C/SIGTERM: submit `uerl train` / `uerl eval` to it with "
+        "`ray job submit`, exactly as on a deployed cluster.",
+    )
+    _add_topology_args(parser)
+    parser.add_argument("--run-dir", type=Path, help="logs, endpoints.json (default runs/...)")
+    return parser
+
+
+def serve_instructions(dashboard_url: str, endpoints_file: Path) -> str:
+    return (
+        f"{SERVE_PROG}: serving; submit training with\n"
+        f"  ray job submit --address {dashboard_url} --working-dir . -- \\\n"
+        f"      uerl train --endpoints {endpoints_file} --run-dir /tmp/uerl-job\n"
+        f"{SERVE_PROG}: Ctrl-C stops everything"
+    )
+
+
+def main_serve(argv: Sequence[str]) -> int:
+    args = build_serve_parser().parse_args(list(argv))
+    args.dashboard = True  # the point of serving: the job API
+    from training.local.topology import StackConfigError
+
+    try:
+        topology = _load_topology(args)
+    except (StackConfigError, ValueError) as exc:
+        print(f"{SERVE_PROG}: {exc}", file=sys.stderr)
+        return 2
+    run_dir = (
+        args.run_dir
+        or Path("runs") / f"local-{topology.name}-serve-{time.strftime('%Y%m%d-%H%M%S')}"
+    ).resolve()
+
+    def serve(endpoints: Endpoints, stop: StopRequest) -> int:
+        print(
+            serve_instructions(endpoints.ray.dashboard_url, run_dir / "endpoints.json"), flush=True
+        )
+        try:
+            while not stop.requested:
+                time.sleep(0.5)
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the way to stop serving
+            pass
+        return 0
+
+    return _run(args, topology, serve, run_dir, SERVE_PROG)

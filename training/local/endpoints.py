@@ -8,7 +8,12 @@ from training.local.games import HOST
 
 
 def local_endpoints(
-    topology: Topology, *, gcs_address: str, client_port: int, base_port: int
+    topology: Topology,
+    *,
+    gcs_address: str,
+    client_port: int,
+    base_port: int,
+    dashboard_url: str = "",
 ) -> Endpoints:
     """Endpoints for `LocalRayCluster` + `LocalMockGames` started from `topology`.
 
@@ -24,8 +29,8 @@ def local_endpoints(
         update={
             "namespace": "local",
             "ray": RayAddresses(
-                # The local head runs without a dashboard: there is no job URL to give.
-                dashboard_url="",
+                # "" when the local head runs without a dashboard (no job API).
+                dashboard_url=dashboard_url,
                 client_address=f"ray://{host}:{client_port}",
                 gcs_address=gcs_address,
             ),

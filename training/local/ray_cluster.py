@@ -120,6 +120,7 @@ class LocalRayCluster(processes.StartedGroup):
         start_timeout_s: float = 120.0,
         stop_grace_s: float = 15.0,
         log_dir: Path | None = None,
+        dashboard: bool = False,
     ) -> None:
         if not nodes or nodes[0].role != "head" or any(n.role == "head" for n in nodes[1:]):
             raise ValueError("nodes must start with exactly one head node")
@@ -130,12 +131,20 @@ class LocalRayCluster(processes.StartedGroup):
         self.log_dir = log_dir or self.temp_dir / "logs"
         self.port = 0
         self.client_port = 0
+        # The dashboard serves the job API (`ray job submit`); on the nodes' loopback IP.
+        self.dashboard = dashboard
+        self.dashboard_port = 0
         self._nodes: list[_Node] = []
         self._stopped = False
 
     @property
     def address(self) -> str:
         return f"{NODE_IP}:{self.port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        """`http://127.0.0.2:PORT` (for `ray job submit --address`), or "" without one."""
+        return f"http://{NODE_IP}:{self.dashboard_port}" if self.dashboard else ""
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -144,6 +153,8 @@ class LocalRayCluster(processes.StartedGroup):
         self.temp_dir.mkdir(parents=True, exist_ok=False)
         self.port = processes.free_port(NODE_IP)
         self.client_port = processes.free_port(NODE_IP)
+        if self.dashboard:
+            self.dashboard_port = processes.free_port(NODE_IP)
         deadline = time.monotonic() + self.start_timeout_s
         head, rest = self.specs[0], self.specs[1:]
         self._launch(head)
@@ -194,6 +205,9 @@ class LocalRayCluster(processes.StartedGroup):
             "--max-worker-port=0",
             "--disable-usage-stats",
             "--log-style=record",
+            # Every node runs a dashboard agent; on one IP they need distinct HTTP ports
+            # (the default 52365 would go to the first node only).
+            f"--dashboard-agent-listen-port={processes.free_port(NODE_IP)}",
         ]
         if spec.resources:
             argv.append(f"--resources={json.dumps(spec.resources)}")
@@ -202,14 +216,25 @@ class LocalRayCluster(processes.StartedGroup):
                 "--head",
                 f"--port={self.port}",
                 f"--ray-client-server-port={self.client_port}",
-                "--include-dashboard=false",
             ]
+            if self.dashboard:
+                argv += [
+                    "--include-dashboard=true",
+                    f"--dashboard-host={NODE_IP}",
+                    f"--dashboard-port={self.dashboard_port}",
+                ]
+            else:
+                argv.append("--include-dashboard=false")
         else:
             argv.append(f"--address={self.address}")
         return argv
 
     def _launch(self, spec: NodeSpec) -> None:
         env = {**os.environ, **NODE_ENV}
+        # Jobs run their entrypoint through the head's shell: `uerl train` must resolve
+        # to this environment's script, as it does on the uerl Ray image.
+        bin_dir = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
         log = self.log_dir / f"{spec.name}.log"
         self._nodes.append(
             _Node(spec, processes.spawn(self._argv(spec), log_path=log, env=env), log)

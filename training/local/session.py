@@ -13,33 +13,39 @@ import atexit
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from infra.endpoints import Endpoints
     from infra.topology import Topology
     from training.local.games import LocalMockGames
-    from training.run.driver import TrainOptions
+    from training.run.stop import StopRequest
+
+# What runs against the started topology (training, evaluation, or both): its exit code.
+Work = Callable[["Endpoints", "StopRequest"], int]
 
 
 def run_local(
     topology: Topology,
-    options: TrainOptions,
+    work: Work,
     *,
+    run_dir: Path,
     env_id: str,
     envs_per_game: int,
     base_port: int | None,
     prog: str,
     max_game_restarts: int = 10,
+    dashboard: bool = False,
 ) -> int:
-    """Start the topology, train against it with the `uerl train` code path, stop it all."""
+    """Start the topology, run `work` against its endpoints (the `uerl train` / `uerl eval`
+    code paths), stop it all."""
     from training.local.endpoints import local_endpoints
     from training.local.games import LocalGamesError, LocalMockGames
     from training.local.ray_cluster import LocalClusterError, LocalRayCluster, node_specs
-    from training.run.outcome import train_and_report
     from training.run.stop import StopRequest
 
-    run_dir: Path = options.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalRayCluster(
         node_specs(
@@ -50,6 +56,7 @@ def run_local(
             custom_resource=topology.workers.custom_resource,
         ),
         log_dir=run_dir / "logs",
+        dashboard=dashboard,
     )
     games = LocalMockGames(
         workers=topology.workers.replicas,
@@ -84,15 +91,17 @@ def run_local(
                     gcs_address=cluster.address,
                     client_port=cluster.client_port,
                     base_port=games.base_port,
+                    dashboard_url=cluster.dashboard_url,
                 )
                 (run_dir / "endpoints.json").write_text(endpoints.to_json())
                 print(
                     f"{prog}: Ray at {cluster.address}, games "
                     + ", ".join(f"{g.name}={g.endpoint}" for g in games.games)
-                    + f" (up in {time.monotonic() - started:.1f}s)",
+                    + f" (up in {time.monotonic() - started:.1f}s)"
+                    + (f"; dashboard and job API at {cluster.dashboard_url}" if dashboard else ""),
                     flush=True,
                 )
-                code = train_and_report(endpoints, options, stop=stop, prog=prog)
+                code = work(endpoints, stop)
     except KeyboardInterrupt:
         print(f"{prog}: aborted; everything started was stopped", file=sys.stderr)
         code = 130

@@ -86,6 +86,10 @@ class UEConnection(BaseModel):
         return cls.model_validate(env_config[ENV_CONFIG_KEY])
 
 
+class EvaluationRunnerRefused(ValueError):
+    """RLlib's in-training evaluation runners would share the training runners' games."""
+
+
 class GameChangedError(UEProtocolError):
     """After a reconnect the game defines other environments, agents or spaces."""
 
@@ -99,6 +103,14 @@ class UEEnvRunner(MultiAgentEnvRunner):
     """
 
     def __init__(self, config: Any, **kwargs: Any) -> None:
+        if getattr(config, "in_evaluation", False):
+            # RLlib numbers evaluation runners 1..N too: {worker_index} routing would send
+            # evaluation runner i to training runner i's game, which already has a client.
+            raise EvaluationRunnerRefused(
+                f"env runner {kwargs.get('worker_index', '?')} is an RLlib evaluation "
+                "runner: it would share training game i with training runner i. "
+                "Evaluate with `uerl eval` (its own run, on games no training run holds)."
+            )
         self._health: GameHealth | None = None
         self._game_signature: dict[str, Any] | None = None
         self._shared_health: SharedGameHealth | None = None

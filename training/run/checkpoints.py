@@ -1,7 +1,9 @@
 """Checkpoint layout: `<dir>/checkpoint_<iteration>/` plus `<dir>/latest` naming the newest.
 
-Each checkpoint also holds `uerl.json` (iteration, env steps, algorithm) so
-`--resume` can say what it continues from and refuse a different algorithm.
+Each checkpoint also holds `uerl.json` (iteration, env steps, algorithm, how actions
+reach the game) so `--resume` can say what it continues from and refuse a different
+algorithm, and `game.json` (the game's agents and named spaces) so `uerl eval` and
+`uerl export` know the game a policy was trained for.
 """
 
 from __future__ import annotations
@@ -10,10 +12,16 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from training.protocol.game_spec import GameSpec
 
 LATEST = "latest"
 META = "uerl.json"
+GAME = "game.json"
+# Where RLlib keeps the trained modules inside an algorithm checkpoint.
+MODULES_SUBDIR = Path("learner_group") / "learner" / "rl_module"
 
 
 class CheckpointError(ValueError):
@@ -25,13 +33,20 @@ class CheckpointMeta:
     iteration: int
     env_steps_total: int
     algo: str
+    # RLlib's module-to-env settings: a Box action the module emits is rescaled from
+    # [-1, 1] to the space's bounds (normalize) and/or clipped before the game sees it.
+    # Defaults are RLlib's, which checkpoints written before these fields used.
+    normalize_actions: bool = True
+    clip_actions: bool = False
 
 
-def save(algo: Any, directory: Path, meta: CheckpointMeta) -> Path:
+def save(algo: Any, directory: Path, meta: CheckpointMeta, *, game: GameSpec | None = None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"checkpoint_{meta.iteration:06d}"
     algo.save_to_path(str(path.resolve()))
     (path / META).write_text(json.dumps(asdict(meta)))
+    if game is not None:
+        (path / GAME).write_text(game.to_json())
     # Write-then-rename: a crash never leaves `latest` naming half a checkpoint.
     tmp = directory / f".{LATEST}.tmp"
     tmp.write_text(path.name)
@@ -65,4 +80,37 @@ def resolve(resume: str, checkpoint_dir: Path) -> Path:
         ) from None
     if not path.is_dir():
         raise CheckpointError(f"--resume: {pointer} names {path}, which does not exist")
+    return path
+
+
+def read_game(path: Path) -> GameSpec | None:
+    """The game a checkpoint was trained for, or None for checkpoints without `game.json`."""
+    from training.protocol.game_spec import GameSpec
+
+    file = path / GAME
+    if not file.is_file():
+        return None
+    try:
+        return GameSpec.from_json(file.read_text())
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{file} is not a game definition: {exc}") from None
+
+
+def load_modules(path: Path) -> Any:
+    """The checkpoint's MultiRLModule (one RLModule per policy), on CPU."""
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    modules = path / MODULES_SUBDIR
+    if not modules.is_dir():
+        raise CheckpointError(
+            f"{path} holds no trained modules ({MODULES_SUBDIR} is missing): "
+            "pass a checkpoint written by uerl train / uerl local"
+        )
+    return RLModule.from_checkpoint(str(modules.resolve()))
+
+
+def resolve_checkpoint(given: Path) -> Path:
+    """`--checkpoint`: a checkpoint, or a checkpoint directory (its newest checkpoint)."""
+    path = resolve(str(given), given)
+    read_meta(path)  # fail here, naming the path, if it is not a uerl checkpoint
     return path

@@ -17,10 +17,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.endpoints import Endpoints
+from training.protocol.game_spec import GameSpec
 from training.rllib.hparams import Algo
 from training.run import checkpoints, metrics
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
+from training.run.tensorboard import TensorBoardWriter
 
 DEFAULT_ITERATIONS = 10
 CSV_NAME = "metrics.csv"
@@ -31,6 +33,12 @@ EVENTS_NAME = "game_events.jsonl"
 HEALTH_QUERY_TIMEOUT_S = 2.0
 
 Log = Callable[[str], None]
+
+
+def print_line(line: str) -> None:
+    """Print and flush: under `ray job submit` stdout is a file, and `ray job logs`
+    shows only what was flushed, so unflushed progress lines would come at the end."""
+    print(line, flush=True)
 
 
 class TrainOptions(BaseModel):
@@ -102,7 +110,7 @@ def run_training(
     options: TrainOptions,
     *,
     stop: StopRequest | None = None,
-    log: Log = print,
+    log: Log = print_line,
 ) -> TrainResult:
     """Train against `endpoints`; Ray is connected here and disconnected on return."""
     import ray
@@ -145,7 +153,7 @@ def run_training(
             endpoints.num_env_runners, give_up_after_s=options.game_down_limit_s
         )
         try:
-            result = _loop(algo, options, stop, log, board)
+            result = _loop(algo, options, stop, log, board, game)
         finally:
             algo.stop()
     finally:
@@ -208,7 +216,12 @@ def _check_runners(
 
 
 def _loop(
-    algo: Any, options: TrainOptions, stop: StopRequest, log: Log, board: RunnerHealthBoard
+    algo: Any,
+    options: TrainOptions,
+    stop: StopRequest,
+    log: Log,
+    board: RunnerHealthBoard,
+    game: GameSpec | None = None,
 ) -> TrainResult:
     result = TrainResult()
     rows: list[metrics.IterationRow] = []
@@ -231,33 +244,45 @@ def _loop(
     last_saved = rows[-1].iteration if rows else -1
     result.rows = rows
     stop.graceful = True
+    tensorboard = TensorBoardWriter(options.run_dir)
     try:
         while not _done(options, rows) and not stop.requested:
-            row = metrics.row_from_result(algo.train(), previous_steps=previous)
+            train_result = algo.train()
+            row = metrics.row_from_result(train_result, previous_steps=previous)
             _check_runners(algo, board, stop, log, options.run_dir / EVENTS_NAME)
             row = replace(row, runners_healthy=board.healthy, runners_total=board.total)
             previous = row.env_steps_total
             rows.append(row)
             log(metrics.progress_line(row))
+            tensorboard.write(row, train_result, board.latest)
             if row.iteration % options.checkpoint_every == 0:
-                result.checkpoint = _save(algo, options, row)
+                result.checkpoint = _save(algo, options, row, game)
                 last_saved = row.iteration
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
         if rows and rows[-1].iteration != last_saved:
-            result.checkpoint = _save(algo, options, rows[-1])
+            result.checkpoint = _save(algo, options, rows[-1], game)
         elif rows and result.checkpoint is None:
             result.checkpoint = checkpoints.resolve(checkpoints.LATEST, options.checkpoint_dir)
     finally:
         stop.graceful = False
+        tensorboard.close()
     if result.checkpoint is not None:
         log(f"checkpoint: {result.checkpoint}")
     return result
 
 
-def _save(algo: Any, options: TrainOptions, row: metrics.IterationRow) -> Path:
-    meta = checkpoints.CheckpointMeta(row.iteration, row.env_steps_total, options.algo)
-    return checkpoints.save(algo, options.checkpoint_dir, meta)
+def _save(
+    algo: Any, options: TrainOptions, row: metrics.IterationRow, game: GameSpec | None
+) -> Path:
+    meta = checkpoints.CheckpointMeta(
+        row.iteration,
+        row.env_steps_total,
+        options.algo,
+        normalize_actions=bool(algo.config.normalize_actions),
+        clip_actions=bool(algo.config.clip_actions),
+    )
+    return checkpoints.save(algo, options.checkpoint_dir, meta, game=game)
 
 
 def _write_artefacts(

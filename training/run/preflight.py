@@ -33,6 +33,8 @@ class NodeRoom:
     cpus: float
     gpus: float
     custom: float
+    # The node's total of the custom resource (available + held by running actors).
+    custom_total: float = 0.0
 
     def describe(self, resource: str) -> str:
         return (
@@ -124,7 +126,8 @@ def node_rooms(resource: str) -> list[NodeRoom]:
         if not node.get("Alive"):
             continue
         node_id = node["NodeID"]
-        res = available.get(node_id, node.get("Resources", {}))
+        total = node.get("Resources", {})
+        res = available.get(node_id, total)
         rooms.append(
             NodeRoom(
                 node_id=node_id,
@@ -132,6 +135,7 @@ def node_rooms(resource: str) -> list[NodeRoom]:
                 cpus=float(res.get("CPU", 0.0)),
                 gpus=float(res.get("GPU", 0.0)),
                 custom=float(res.get(resource, 0.0)),
+                custom_total=float(total.get(resource, 0.0)),
             )
         )
     return rooms
@@ -191,6 +195,16 @@ def check_resources(endpoints: Endpoints, rooms: list[NodeRoom]) -> list[str]:
     have_nodes = "\n    ".join(r.describe(resource) for r in rooms) or "(no alive nodes)"
     total = sum(r.custom for r in rooms)
     need = endpoints.num_env_runners
+    held = sum(r.custom_total for r in rooms) - total
+    if total + _EPS < need and held > _EPS and total + held + _EPS >= need:
+        # One unit per game, held by every env runner for its life: another run's
+        # runners are on the games. Two runs must never share a game.
+        raise PreflightError(
+            f"the games are in use: another run's env runners hold {held:g} of "
+            f"{total + held:g} unit(s) of {resource!r} (one per game), {need} needed. "
+            "A training or evaluation run is still going on this cluster; wait for it or "
+            "stop it (ray job stop / Ctrl-C) first."
+        )
     if total + _EPS < need:
         raise PreflightError(
             f"custom resource {resource!r}: expected at least {need} (one per env runner, "

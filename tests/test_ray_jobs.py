@@ -1,0 +1,195 @@
+"""The Ray Jobs flow, for real: `ray job submit ... -- uerl train` against a cluster with
+a dashboard (`uerl local serve`: real raylets, mock games, job API on 127.0.0.2).
+
+While the job trains, `uerl eval` is refused (its runners would need the games the
+job's runners hold); `ray job stop` ends the job with a final checkpoint; then
+`uerl eval` and `uerl export` run on that checkpoint, against the same games.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from local_runs import PROJECT_ROOT, wait_for_line
+
+pytestmark = pytest.mark.slow
+
+RAY = str(Path(sys.executable).with_name("ray"))
+JOB_ID = f"uerl-test-{os.getpid()}"
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[str]
+    run_dir: Path
+    endpoints_file: Path
+    dashboard_url: str
+
+
+def cli_env() -> dict[str, str]:
+    # The CLI talks to this cluster only, with its auth mode.
+    return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
+
+
+def ray_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [RAY, *args],
+        cwd=PROJECT_ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def uerl(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "training.cli", *args],
+        cwd=PROJECT_ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    run_dir = tmp_path_factory.mktemp("serve")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.cli", "local", "serve", "--workers", "2",
+         "--learners", "0", "--run-dir", str(run_dir)],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_for_line(proc, "Ctrl-C stops everything", timeout_s=180)
+        endpoints_file = run_dir / "endpoints.json"
+        url = json.loads(endpoints_file.read_text())["ray"]["dashboard_url"]
+        yield Served(proc, run_dir, endpoints_file, url)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def job_status(served: Served) -> str:
+    # The SDK, not `ray job status`: the CLI words each terminal state differently.
+    from ray.job_submission import JobSubmissionClient
+
+    return str(JobSubmissionClient(served.dashboard_url).get_job_status(JOB_ID).value)
+
+
+def job_logs(served: Served) -> str:
+    """What `ray job logs` shows: the job's own output."""
+    done = ray_cli("job", "logs", "--address", served.dashboard_url, JOB_ID)
+    return done.stdout
+
+
+@dataclass
+class JobRun:
+    logs: str
+    status: str
+    train_dir: Path
+    eval_while_training: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def job(served: Served, tmp_path_factory: pytest.TempPathFactory) -> JobRun:
+    train_dir = tmp_path_factory.mktemp("job") / "train"
+    submitted = ray_cli(
+        "job", "submit", "--address", served.dashboard_url, "--submission-id", JOB_ID,
+        "--working-dir", ".", "--no-wait", "--",
+        "uerl", "train", "--endpoints", str(served.endpoints_file), "--run-dir", str(train_dir),
+        "--iterations", "200", "--checkpoint-every", "2",
+        "--train-batch-size", "500", "--minibatch-size", "100",
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    deadline = time.monotonic() + 240
+    while not (train_dir / "checkpoints" / "latest").is_file():
+        assert time.monotonic() < deadline, job_logs(served)
+        assert job_status(served) in ("RUNNING", "PENDING"), job_logs(served)
+        time.sleep(2)
+    # The job's env runners hold both games now.
+    refused = uerl(
+        "eval", "--endpoints", str(served.endpoints_file),
+        "--checkpoint", str(train_dir / "checkpoints"), "--episodes", "2",
+        "--preflight-timeout", "20", "--output", str(train_dir / "refused.json"),
+    )  # fmt: skip
+    assert job_status(served) == "RUNNING", job_logs(served)
+    stopped = ray_cli("job", "stop", "--address", served.dashboard_url, JOB_ID, timeout_s=180)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    deadline = time.monotonic() + 120
+    while (status := job_status(served)) in ("RUNNING", "PENDING"):
+        assert time.monotonic() < deadline
+        time.sleep(2)
+    logs = job_logs(served)
+    print(f"\n--- ray job logs {JOB_ID} ---\n{logs}")
+    return JobRun(logs, status, train_dir, refused)
+
+
+def test_the_job_finds_its_endpoints_and_prints_progress_lines(job: JobRun) -> None:
+    assert "preflight ok" in job.logs
+    progress = [line for line in job.logs.splitlines() if line.startswith("iter ")]
+    assert len(progress) >= 2, job.logs
+    assert all("runners 2/2" in line for line in progress)
+
+
+def test_the_job_writes_checkpoints_metrics_and_tensorboard_events(job: JobRun) -> None:
+    assert (job.train_dir / "checkpoints" / "latest").is_file()
+    assert (job.train_dir / "metrics.csv").is_file()
+    assert list(job.train_dir.glob("events.out.tfevents.*"))
+
+
+def test_ray_job_stop_ends_with_a_final_checkpoint(job: JobRun) -> None:
+    assert job.status == "STOPPED"
+    assert "SIGTERM: stopping after this iteration" in job.logs
+    last = job.logs.rsplit("iter ", 1)[1].split("|", 1)[0].strip()
+    latest = (job.train_dir / "checkpoints" / "latest").read_text()
+    assert latest == f"checkpoint_{int(last):06d}", job.logs
+
+
+def test_eval_is_refused_while_the_job_holds_the_games(job: JobRun) -> None:
+    refused = job.eval_while_training
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "the games are in use" in refused.stderr
+    assert "hold 2 of 2 unit(s) of 'ue_worker'" in refused.stderr
+
+
+def test_eval_after_the_job_reports_per_policy_returns(served: Served, job: JobRun) -> None:
+    report_file = job.train_dir / "eval.json"
+    done = uerl(
+        "eval", "--endpoints", str(served.endpoints_file),
+        "--checkpoint", str(job.train_dir / "checkpoints"), "--episodes", "4",
+        "--output", str(report_file),
+    )  # fmt: skip
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(report_file.read_text())
+    assert report["episodes"] == 4 and not report["explore"]
+    stats = report["policies"]["cartpole"]
+    assert stats["episodes"] == 4
+    assert stats["return_min"] <= stats["return_mean"] <= stats["return_max"]
+    # Both games played: one eval runner per game, as in training.
+    assert len(report["games"]) == 2
+
+
+def test_export_of_the_jobs_checkpoint_is_verified(job: JobRun) -> None:
+    done = uerl("export", "--checkpoint", str(job.train_dir / "checkpoints"))
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cartpole.onnx" in done.stdout and "0 mismatch(es)" in done.stdout

@@ -1,0 +1,68 @@
+"""Command-line options shared by `uerl eval` and `uerl local eval` (same evaluation code path)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from training.run.evaluation import REPORT_NAME, EvalOptions
+
+
+def add_eval_args(parser: argparse.ArgumentParser, *, checkpoint_required: bool = True) -> None:
+    group = parser.add_argument_group("evaluation")
+    group.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=checkpoint_required,
+        metavar="DIR",
+        help="a checkpoint, or a checkpoint directory (its newest checkpoint)",
+    )
+    group.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes (10)")
+    group.add_argument(
+        "--explore",
+        action="store_true",
+        help="sample actions from the policy's distribution (default: deterministic)",
+    )
+    group.add_argument(
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help=f"JSON report (default <checkpoint>/{REPORT_NAME}, eval-explore.json with --explore)",
+    )
+    group.add_argument("--seed", type=int)
+    group.add_argument("--preflight-timeout", type=float, default=30.0, metavar="S")
+    group.add_argument(
+        "--request-timeout", type=float, default=5.0, metavar="S", help="per game RPC (5)"
+    )
+    group.add_argument(
+        "--fault-wait",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="while a game is down, each sample of its runner waits this long for it (2)",
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="fail when the episodes have not finished within S seconds (600)",
+    )
+
+
+def eval_options_from_args(
+    args: argparse.Namespace, *, checkpoint: Path, ray_address: str | None = None
+) -> EvalOptions:
+    default_name = "eval-explore.json" if args.explore else REPORT_NAME
+    return EvalOptions(
+        checkpoint=checkpoint,
+        episodes=args.episodes,
+        explore=args.explore,
+        report_path=args.output or checkpoint / default_name,
+        preflight_timeout_s=args.preflight_timeout,
+        request_timeout_s=args.request_timeout,
+        fault_wait_s=args.fault_wait,
+        timeout_s=args.timeout,
+        ray_address=ray_address,
+        seed=args.seed,
+    )

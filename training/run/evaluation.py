@@ -1,0 +1,297 @@
+"""`uerl eval`: play a checkpoint's policies against the games, without training.
+
+Evaluation is a run of its own, never env runners inside a training run. RLlib
+numbers evaluation env runners 1..N like training ones, and `{worker_index}`
+routing would send evaluation runner i to training game i, which already has a
+client (a game serves one at a time). So:
+
+- `UEEnvRunner` refuses to be an RLlib evaluation runner (`config.in_evaluation`);
+- every env runner, training or evaluation, holds one unit of the custom
+  resource for its life and there is one unit per game, so an evaluation run's
+  preflight finds none free while a training run holds the games, and stops
+  saying so (and the reverse). No two runs' runners can share a game.
+
+The evaluation run builds the same env runners as training (same routing, one per
+game), no learners, loads the checkpoint's modules on the driver, pushes their
+weights to the runners and samples whole episodes (deterministic actions unless
+`explore`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.endpoints import Endpoints
+from training.run import checkpoints
+
+Log = Callable[[str], None]
+REPORT_NAME = "eval.json"
+# Each sampling round waits at most this long for the runners (RLlib's sample timeout).
+ROUND_TIMEOUT_S = 300.0
+
+
+class EvalError(RuntimeError):
+    """Evaluation cannot run or finish; the message says which checkpoint/game/runner."""
+
+
+class EvalOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: Path
+    episodes: int = Field(default=10, ge=1)
+    # Sample from the action distribution instead of its deterministic action.
+    explore: bool = False
+    report_path: Path
+    preflight_timeout_s: float = Field(default=30.0, gt=0)
+    request_timeout_s: float = Field(default=5.0, gt=0)
+    fault_wait_s: float = Field(default=2.0, gt=0)
+    # Stop (exit 1) when this many episodes have not finished in this long.
+    timeout_s: float = Field(default=600.0, gt=0)
+    ray_address: str | None = None
+    seed: int | None = None
+
+
+class PolicyStats(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    episodes: int
+    return_mean: float
+    return_std: float
+    return_min: float
+    return_max: float
+    episode_len_mean: float
+
+
+class EvalReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint: str
+    iteration: int
+    env_steps_trained: int
+    explore: bool
+    episodes: int
+    env_runners: int
+    games: list[str]
+    wall_s: float
+    policies: dict[str, PolicyStats]
+
+    def table(self) -> str:
+        head = (
+            f"eval of {self.checkpoint} (iteration {self.iteration}, "
+            f"{self.env_steps_trained:,} env steps trained): {self.episodes} episode(s), "
+            f"{'sampled' if self.explore else 'deterministic'} actions, "
+            f"{self.env_runners} env runner(s), {self.wall_s:.1f}s"
+        )
+        lines = [
+            head,
+            f"  {'policy':<12} {'episodes':>8} {'return mean':>12} {'std':>9} "
+            f"{'min':>9} {'max':>9} {'len mean':>9}",
+        ]
+        for pid, s in sorted(self.policies.items()):
+            lines.append(
+                f"  {pid:<12} {s.episodes:>8} {s.return_mean:>12.2f} {s.return_std:>9.2f} "
+                f"{s.return_min:>9.2f} {s.return_max:>9.2f} {s.episode_len_mean:>9.1f}"
+            )
+        return "\n".join(lines)
+
+
+def policy_stats(samples: list[tuple[float, int]]) -> PolicyStats:
+    """Stats over (return, length) of one policy, one pair per episode."""
+    returns = np.array([r for r, _ in samples], dtype=np.float64)
+    lengths = np.array([n for _, n in samples], dtype=np.float64)
+    return PolicyStats(
+        episodes=len(samples),
+        return_mean=float(returns.mean()),
+        return_std=float(returns.std()),
+        return_min=float(returns.min()),
+        return_max=float(returns.max()),
+        episode_len_mean=float(lengths.mean()),
+    )
+
+
+def episode_summary(episode: Any) -> dict[str, tuple[float, int]]:
+    """Per policy in one finished multi-agent episode: (return, length).
+
+    A policy's return is the sum over its agents (RLlib's per-module return); its
+    length the longest of its agents' (agents of one episode may finish early).
+    """
+    out: dict[str, tuple[float, int]] = {}
+    for aid, agent_episode in episode.agent_episodes.items():
+        pid = episode.module_for(aid)
+        ret, length = out.get(pid, (0.0, 0))
+        out[pid] = (ret + float(agent_episode.get_return()), max(length, len(agent_episode)))
+    return out
+
+
+def sample_summaries(runner: Any, *, num_episodes: int, explore: bool) -> dict[str, Any]:
+    """Runs on an env runner: finished episodes, summarised (episodes stay on the runner)."""
+    episodes = runner.sample(num_episodes=num_episodes, explore=explore)
+    return {
+        "runner_index": runner.worker_index,
+        "endpoint": runner.game_health_state().endpoint,
+        "episodes": [episode_summary(e) for e in episodes if e.is_done],
+    }
+
+
+def weights_fingerprint(state: dict[str, Any]) -> dict[str, float]:
+    """Per policy, the sum of all its weights: equal on the driver and a runner once loaded."""
+    out = {}
+    for pid, module_state in state.items():
+        total = 0.0
+        for value in module_state.values():
+            array = value.detach().cpu().numpy() if hasattr(value, "detach") else value
+            if isinstance(array, np.ndarray) and array.dtype.kind == "f":
+                total += float(np.sum(array, dtype=np.float64))
+        out[pid] = total
+    return out
+
+
+def set_module_state(runner: Any, *, state: dict[str, Any]) -> dict[str, float]:
+    """Runs on an env runner: load the checkpoint's weights into its modules; returns
+    the fingerprint of what the runner now holds."""
+    runner.module.set_state(state)
+    return weights_fingerprint(runner.module.get_state(inference_only=True))
+
+
+def check_policies(game_policies: list[str], checkpoint_policies: list[str], path: Path) -> None:
+    if sorted(game_policies) != sorted(checkpoint_policies):
+        raise EvalError(
+            f"checkpoint {path} has policies {sorted(checkpoint_policies)}, the game "
+            f"defines {sorted(game_policies)}: it was trained for another game"
+        )
+
+
+def collect(
+    rounds: Callable[[int], list[dict[str, Any]]],
+    *,
+    episodes: int,
+    num_runners: int,
+    timeout_s: float,
+    log: Log,
+) -> tuple[list[dict[str, tuple[float, int]]], set[str]]:
+    """Call `rounds(episodes per runner)` until `episodes` episodes finished."""
+    done: list[dict[str, tuple[float, int]]] = []
+    games: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(done) < episodes:
+        if time.monotonic() > deadline:
+            raise EvalError(
+                f"only {len(done)} of {episodes} episode(s) finished within {timeout_s:g}s "
+                f"(games: {sorted(games) or 'none answered'})"
+            )
+        per_runner = max(1, math.ceil((episodes - len(done)) / num_runners))
+        for reply in rounds(per_runner):
+            games.add(reply["endpoint"])
+            done += reply["episodes"]
+        log(f"eval: {min(len(done), episodes)}/{episodes} episode(s)")
+    return done[:episodes], games
+
+
+def run_eval(endpoints: Endpoints, options: EvalOptions, *, log: Log | None = None) -> EvalReport:
+    """Evaluate against `endpoints`; Ray is connected here and disconnected on return."""
+    import ray
+
+    from training.rllib.algorithm import build_algo_config
+    from training.run.discovery import discover_game
+    from training.run.driver import print_line
+    from training.run.preflight import preflight
+
+    log = log or print_line
+    started = time.monotonic()
+    path = checkpoints.resolve_checkpoint(options.checkpoint)
+    meta = checkpoints.read_meta(path)
+    modules = checkpoints.load_modules(path)
+    # No learners: nothing is trained. Everything else (runners, routing) as in training.
+    endpoints = endpoints.model_copy(update={"num_learners": 0})
+    try:
+        report = preflight(
+            endpoints, timeout_s=options.preflight_timeout_s, ray_address=options.ray_address
+        )
+        log(report.summary())
+        game = discover_game(endpoints)
+        check_policies(game.policy_ids(), list(modules.keys()), path)
+        config = build_algo_config(
+            endpoints,
+            game,
+            algo=meta.algo,  # type: ignore[arg-type]
+            seed=options.seed,
+            request_timeout_s=options.request_timeout_s,
+            fault_wait_s=options.fault_wait_s,
+        )
+        # Same action handling as the run that trained the policy.
+        config = config.environment(
+            normalize_actions=meta.normalize_actions, clip_actions=meta.clip_actions
+        ).env_runners(sample_timeout_s=ROUND_TIMEOUT_S)
+        algo = config.build_algo()
+        try:
+            group = algo.env_runner_group
+            weights = modules.get_state(inference_only=True)
+            _push_weights(group, weights)
+
+            def one_round(per_runner: int) -> list[dict[str, Any]]:
+                return group.foreach_env_runner(
+                    partial(sample_summaries, num_episodes=per_runner, explore=options.explore),
+                    local_env_runner=False,
+                )
+
+            summaries, games = collect(
+                one_round,
+                episodes=options.episodes,
+                num_runners=endpoints.num_env_runners,
+                timeout_s=options.timeout_s,
+                log=log,
+            )
+        finally:
+            algo.stop()
+    finally:
+        ray.shutdown()
+    per_policy: dict[str, list[tuple[float, int]]] = {}
+    for summary in summaries:
+        for pid, pair in summary.items():
+            per_policy.setdefault(pid, []).append(pair)
+    result = EvalReport(
+        checkpoint=str(path),
+        iteration=meta.iteration,
+        env_steps_trained=meta.env_steps_total,
+        explore=options.explore,
+        episodes=len(summaries),
+        env_runners=endpoints.num_env_runners,
+        games=sorted(games),
+        wall_s=time.monotonic() - started,
+        policies={pid: policy_stats(pairs) for pid, pairs in sorted(per_policy.items())},
+    )
+    options.report_path.parent.mkdir(parents=True, exist_ok=True)
+    options.report_path.write_text(json.dumps(result.model_dump(), indent=2) + "\n")
+    return result
+
+
+def _set_state_from_ref(runner: Any, *, state: Any) -> dict[str, float]:
+    import ray
+
+    return set_module_state(runner, state=ray.get(state))
+
+
+def _push_weights(group: Any, weights: dict[str, Any]) -> None:
+    """Every runner gets the checkpoint's weights, checked by fingerprint: evaluating
+    untrained modules by mistake would look like a bad policy, not like an error."""
+    import ray
+
+    want = weights_fingerprint(weights)
+    ref = ray.put(weights)
+    got = group.foreach_env_runner(partial(_set_state_from_ref, state=ref), local_env_runner=False)
+    for index, fingerprint in enumerate(got, start=1):
+        for pid, value in want.items():
+            if not math.isclose(fingerprint.get(pid, math.nan), value, rel_tol=1e-5, abs_tol=1e-6):
+                raise EvalError(
+                    f"env runner {index}: policy {pid!r} did not take the checkpoint's weights "
+                    f"(fingerprint {fingerprint.get(pid)} != {value})"
+                )
