@@ -312,6 +312,10 @@ class ControlPlane:
                 f"--root-ca-file={pki['ca.crt']}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--use-service-account-credentials=false",
+                # KWOK renews the fake nodes' leases; on a loaded 2-core machine a renewal
+                # can lag past the default 50 s grace, and the node controller then marks
+                # every pod NotReady for good (KWOK does not set Ready again).
+                "--node-monitor-grace-period=10m",
             ],
         )
         scheduler = self._spawn(
