@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from infra_fixtures import PROJECT_ROOT
 
 from infra.topology import SIMULATOR_DEFAULTS, Topology
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_images_builds_the_default_ray_and_mock_game_tags() -> None:
     venv_bin = Path(sys.executable).parent
     proc = subprocess.run(
