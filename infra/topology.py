@@ -123,6 +123,9 @@ class RaySpec(_Spec):
     # None: derived from `version` (see `image_ref`).
     image: Text | None = None
     head: HeadSpec = HeadSpec()
+    # How long `pulumi up` gives KubeRay to create the Ray pods and `ray start`
+    # to join, after the images are pulled (and sidecar games answer).
+    start_timeout_s: int = Field(default=300, ge=10, le=7200)
 
     @property
     def image_ref(self) -> str:

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.manifests.operator import ChartRelease
+from infra.manifests.operator import ChartRelease, leftover_crd_message
+
+CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
 
 # Stack config of the default Kubernetes provider that an explicit provider
 # must be given too (it does not read `kubernetes:*` config itself).
@@ -27,6 +29,37 @@ def adopting_provider(name: str, parent: pulumi.Resource) -> k8s.Provider:
         **{key: value for key, value in settings.items() if value is not None},
         opts=pulumi.ResourceOptions(parent=parent),
     )
+
+
+def _engine_makes_callbacks() -> bool:
+    """Transforms and hooks are calls the engine makes into the program; Pulumi's
+    mocks (the unit tests) run the program with no engine to make them."""
+    from pulumi.runtime.proto import resource_pb2_grpc
+    from pulumi.runtime.settings import SETTINGS
+
+    return isinstance(SETTINGS.monitor, resource_pb2_grpc.ResourceMonitorStub)
+
+
+def _explain_leftover_crd(args: pulumi.ErrorHookArgs) -> bool:
+    """On a CRD whose create failed because it exists: say which setting fixes it."""
+    if args.failed_operation == "create" and any("already exists" in e for e in args.errors):
+        pulumi.log.error(leftover_crd_message(args.name))
+    return False  # no retry: the CRD will still be there
+
+
+def _hook_leftover_crds(hook: pulumi.ErrorHook) -> pulumi.ResourceTransform:
+    """A transform for the chart's children (the provider registers them, so
+    options reach them only this way): CRDs get the error hook."""
+
+    def transform(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
+        if args.type_ != CRD_TYPE:
+            return None
+        opts = pulumi.ResourceOptions.merge(
+            args.opts, pulumi.ResourceOptions(hooks=pulumi.ResourceHookBinding(on_error=[hook]))
+        )
+        return pulumi.ResourceTransformResult(args.props, opts)
+
+    return transform
 
 
 class KubeRayOperator(pulumi.ComponentResource):
@@ -55,6 +88,11 @@ class KubeRayOperator(pulumi.ComponentResource):
         if release.crds == "adopt":
             # `providers`: a component (the chart) hands it to the objects it creates.
             chart_opts.providers = [adopting_provider(f"{name}-adopt", self)]
+        elif release.crds == "install" and _engine_makes_callbacks():
+            # A leftover CRD fails its create with the provider's AlreadyExists;
+            # this names the setting that fixes it.
+            hook = pulumi.ErrorHook(f"{name}-leftover-crds", _explain_leftover_crd)
+            chart_opts.transforms = [_hook_leftover_crds(hook)]
         self.chart = k8s.helm.v4.Chart(
             release.release_name,
             chart=release.chart,

@@ -104,3 +104,13 @@ def chart_release(topology: Topology, project_root: Path) -> ChartRelease | None
         path = resolve_chart_path(topology, project_root)
         return ChartRelease(str(path), spec.chart_version, None, namespace, **common)
     return ChartRelease(CHART_NAME, spec.chart_version, spec.repository, namespace, **common)
+
+
+def leftover_crd_message(crd_name: str) -> str:
+    """What `crds: install` says when a CRD it creates already exists."""
+    return (
+        f"topology.operator.crds: 'install', but the cluster already has the CRD {crd_name} "
+        "(left by an earlier KubeRay install: Helm never deletes CRDs). Take the CRDs over "
+        "with `pulumi config set --path topology.operator.crds adopt` (updated to this "
+        "chart's), or keep them as they are with `skip`, then run `pulumi up` again."
+    )

@@ -27,9 +27,6 @@ ENDPOINTS_VOLUME = "uerl-endpoints"
 # What `pulumi up` waits for: the head pod ready now, and every Ray pod ready
 # (RayClusterProvisioned turns true once, when all of them first are).
 READY_CONDITIONS = ["condition=HeadPodReady", "condition=RayClusterProvisioned"]
-# Time for KubeRay to create the pods and for `ray start` to join, after the
-# images are pulled (and, in the sidecar pattern, after the game answers).
-RAY_START_S = 300
 
 
 def custom_resources_param(topology: Topology) -> str:
@@ -135,7 +132,7 @@ def ready_timeout_s(topology: Topology) -> float:
     """How long `pulumi up` waits for the RayCluster to be ready."""
     # Sidecar games start before (and gate) the Ray container.
     game = simulator.startup_allowance_s(topology) if topology.pattern == "sidecar" else 0
-    return topology.image_pull_timeout_s + game + RAY_START_S
+    return topology.image_pull_timeout_s + game + topology.ray.start_timeout_s
 
 
 def raycluster(topology: Topology) -> K8sObject:

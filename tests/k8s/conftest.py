@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from controlplane import BinariesMissing, ControlPlane
 
 
-@pytest.fixture(scope="module")
-def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
-    """A control plane with one 32-CPU/64Gi KWOK node and the KubeRay operator.
-
-    Fails (never skips) when tests/k8s/build/build.sh has not been run. Its work
-    directory (every process's log) is kept when a test of the module failed.
-    """
+def _control_plane(request: pytest.FixtureRequest, **options: Any) -> Iterator[ControlPlane]:
+    """Fails (never skips) when tests/k8s/build/build.sh has not been run. Its work
+    directory (every process's log) is kept when a test of the module failed."""
     missing = None
     try:
-        plane = ControlPlane()
+        plane = ControlPlane(**options)
     except BinariesMissing as exc:
         missing = str(exc)
     if missing is not None:
@@ -27,3 +24,16 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
         yield plane
         if request.session.testsfailed > failed_before:
             plane.keep = True
+
+
+@pytest.fixture(scope="module")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """A control plane with one 32-CPU/64Gi KWOK node, KubeRay's CRDs and its operator."""
+    yield from _control_plane(request)
+
+
+@pytest.fixture(scope="module")
+def bare_control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """The same without KubeRay's CRDs: whatever installs the chart brings them, and
+    the operator process is started once they exist (start_kuberay_operator_once_crds)."""
+    yield from _control_plane(request, kuberay_crds=False)

@@ -45,6 +45,10 @@ KWOK_STAGES_DIR = SHARED / "kwok-stages-v0.8.0"
 KUBERAY_CHART_DIR = SHARED / "charts" / "kuberay-operator-1.7.0"
 KUBERAY_CRDS_DIR = KUBERAY_CHART_DIR / "crds"
 
+KUBERAY_CRD_NAMES = frozenset(
+    f"{plural}.ray.io" for plural in ("rayclusters", "rayjobs", "rayservices")
+)
+
 LOOPBACK = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/16"  # ClusterIPs: fake, never contacted
 POD_CIDR = "10.244.0.0/16"  # KWOK's fake Pod IPs, never contacted
@@ -57,7 +61,11 @@ PIECES: dict[str, tuple[str, ...]] = {
     "kwok": ("kwok",),
     "kuberay": ("kuberay-operator",),
     "pulumi": ("pulumi",),
+    "pulumi-language-python": ("pulumi-language-python", "pulumi-language-python-exec"),
+    "pulumi-kubernetes": ("pulumi-resource-kubernetes",),
 }
+# versions.env names a piece's version <PIECE>_VERSION, except these.
+_VERSION_KEYS = {"pulumi-language-python": "pulumi"}
 
 
 class BinariesMissing(RuntimeError):
@@ -74,12 +82,12 @@ class ProcessExited(ControlPlaneError):
 
 def pinned_versions() -> dict[str, str]:
     """The NAME_VERSION=value pins of tests/k8s/build/versions.env, keyed by piece."""
-    versions = {}
+    pins = {}
     for line in (BUILD_DIR / "versions.env").read_text().splitlines():
         name, sep, value = line.partition("=")
         if sep and name.endswith("_VERSION") and not name.startswith("#"):
-            versions[name.removesuffix("_VERSION").lower()] = value.strip()
-    return versions
+            pins[name.removesuffix("_VERSION").lower().replace("_", "-")] = value.strip()
+    return {piece: pins[_VERSION_KEYS.get(piece, piece)] for piece in PIECES}
 
 
 def cache_dir() -> Path:
@@ -190,6 +198,7 @@ class ControlPlane:
         *,
         nodes: Sequence[FakeNode] = (FakeNode("kwok-node-0"),),
         kuberay_operator: bool = True,
+        kuberay_crds: bool = True,
         rwx_volume: bool = True,
         ready_timeout_s: float = 120.0,
         keep: bool | None = None,
@@ -198,6 +207,11 @@ class ControlPlane:
         self.bin = find_binaries(pieces)
         self.nodes = tuple(nodes)
         self.kuberay_operator = kuberay_operator
+        # False: no CRDs at start; whoever installs them (the chart, through
+        # `pulumi up`) calls start_kuberay_operator_once_crds() meanwhile.
+        self.kuberay_crds = kuberay_crds
+        self._operator: Process | None = None
+        self._operator_ports: tuple[int, int] = (0, 0)
         self.rwx_volume = rwx_volume
         self.ready_timeout_s = ready_timeout_s
         self.keep = keep if keep is not None else os.environ.get("UERL_K8S_KEEP") == "1"
@@ -247,6 +261,7 @@ class ControlPlane:
             op_metrics,
             op_probe,
         ) = free_ports(8)
+        self._operator_ports = (op_metrics, op_probe)
         pki = self._make_pki()
         self.server = f"https://{LOOPBACK}:{api_port}"
         self.kubeconfig = self._write_kubeconfig(pki)
@@ -356,22 +371,10 @@ class ControlPlane:
         names = [node.name for node in self.nodes]
         self._wait(kwok, self._nodes_ready, f"nodes {names} Ready", step="nodes Ready")
 
-        if self.kuberay_operator:
+        if self.kuberay_operator and self.kuberay_crds:
             self.kubectl("apply", "--server-side", "-f", str(KUBERAY_CRDS_DIR))
             self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-            operator = self._spawn(
-                "kuberay-operator",
-                [
-                    str(self.bin["kuberay-operator"]),
-                    "--enable-leader-election=false",
-                    f"--metrics-addr={LOOPBACK}:{op_metrics}",
-                    f"--health-probe-bind-address={LOOPBACK}:{op_probe}",
-                    "--log-stdout-encoder=console",
-                ],
-            )
-            self._wait(
-                operator, lambda: _http_ok(f"http://{LOOPBACK}:{op_probe}/readyz"), "/readyz"
-            )
+            self.start_kuberay_operator()
 
         self.start_seconds = time.monotonic() - self._t0
         steps = ", ".join(f"{what} {t:.1f}s" for what, t in self.timings.items())
@@ -395,6 +398,59 @@ class ControlPlane:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         if errors:
             raise ControlPlaneError("could not stop: " + "; ".join(errors))
+
+    # ---- the KubeRay operator --------------------------------------------------
+
+    def start_kuberay_operator(self) -> None:
+        """The real operator as a process (a chart's operator pod is simulated, so
+        it reconciles nothing). Its CRDs must be established first."""
+        if self._operator is not None and self._operator.popen.poll() is None:
+            return
+        op_metrics, op_probe = self._operator_ports
+        self._operator = self._spawn(
+            "kuberay-operator",
+            [
+                str(self.bin["kuberay-operator"]),
+                "--enable-leader-election=false",
+                f"--metrics-addr={LOOPBACK}:{op_metrics}",
+                f"--health-probe-bind-address={LOOPBACK}:{op_probe}",
+                "--log-stdout-encoder=console",
+            ],
+        )
+        self._wait(
+            self._operator, lambda: _http_ok(f"http://{LOOPBACK}:{op_probe}/readyz"), "/readyz"
+        )
+
+    def start_kuberay_operator_once_crds(self) -> bool:
+        """Start the operator if it is not running and its CRDs are established
+        (non-blocking otherwise). Returns whether it is running."""
+        if self._operator is not None and self._operator.popen.poll() is None:
+            return True
+        if not self.crds_established():
+            return False
+        self.start_kuberay_operator()
+        return True
+
+    def stop_kuberay_operator(self) -> None:
+        """Before its CRDs go away (a destroy): controller-runtime exits on a lost kind."""
+        if self._operator is not None:
+            self._operator.stop()
+            self.processes.remove(self._operator)
+            self._operator = None
+
+    def crds_established(self) -> bool:
+        result = self.kubectl("get", "crd", "-o", "json", check=False)
+        if result.returncode != 0:
+            return False
+        established = {
+            crd["metadata"]["name"]
+            for crd in json.loads(result.stdout)["items"]
+            if any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in crd.get("status", {}).get("conditions", [])
+            )
+        }
+        return established >= KUBERAY_CRD_NAMES
 
     # ---- helpers for tests -----------------------------------------------------
 

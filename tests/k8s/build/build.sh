@@ -11,7 +11,8 @@
 # core stays free for other work.
 #
 # Usage: tests/k8s/build/build.sh [--force] [PIECE...]
-#   PIECE: kubernetes kine kwok kuberay pulumi (default: all)
+#   PIECE: kubernetes kine kwok kuberay pulumi pulumi-language-python
+#          pulumi-kubernetes (default: all)
 #   --force: rebuild the named pieces even if they are cached
 #   --print-cache: print the cache directory and exit
 set -euo pipefail
@@ -22,7 +23,10 @@ source "$HERE/versions.env" # the pinned versions
 
 CACHE=${UERL_K8S_CACHE:-$HOME/.cache/uerl-k8s}
 
-ALL_PIECES=(kubernetes kine kwok kuberay pulumi)
+# Upstream sources the Go module proxy refuses, copied here by the steering repo.
+SHARED=${UERL_SHARED_DIR:-$(cd "$HERE/../../../.." && pwd)/shared}
+
+ALL_PIECES=(kubernetes kine kwok kuberay pulumi pulumi-language-python pulumi-kubernetes)
 
 version_of() {
   case $1 in
@@ -31,6 +35,8 @@ version_of() {
     kwok) echo "$KWOK_VERSION" ;;
     kuberay) echo "$KUBERAY_VERSION" ;;
     pulumi) echo "$PULUMI_VERSION" ;;
+    pulumi-language-python) echo "$PULUMI_VERSION" ;;
+    pulumi-kubernetes) echo "$PULUMI_KUBERNETES_VERSION" ;;
     *) echo "unknown piece: $1" >&2; return 1 ;;
   esac
 }
@@ -52,9 +58,18 @@ command -v go >/dev/null || { echo "build.sh: go is not on PATH" >&2; exit 1; }
 # Only the Go module proxy; never a VCS checkout, never a toolchain download.
 export GOPROXY=https://proxy.golang.org
 export GOTOOLCHAIN=local
-export GOFLAGS="-p=1 -buildvcs=false"
 export CGO_ENABLED=0
 
+# Off CI one core stays free for other work (go build -p 1, nice 19); on CI
+# nothing else runs, so the builds take every core. UERL_BUILD_JOBS overrides.
+if [[ -n ${UERL_BUILD_JOBS:-} ]]; then
+  JOBS=$UERL_BUILD_JOBS
+elif [[ -n ${CI:-} ]]; then
+  JOBS=$(nproc)
+else
+  JOBS=1
+fi
+export GOFLAGS="-p=$JOBS -buildvcs=false"
 NICE=(nice -n 19)
 
 # go build inside one of the wrapper modules beside this script (their go.mod and
@@ -125,6 +140,55 @@ build_pulumi() {
   wrapper_build pulumi "$1" \
     "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION" \
     github.com/pulumi/pulumi/pkg/v3/cmd/pulumi
+}
+
+# A source tree from ../shared/third_party copied into the cache, with the
+# committed go.mod and go.sum of WRAPPER-DIR in place of its own (those point at
+# upstream's monorepo or at versions the proxy refuses), so `go build
+# -mod=readonly` needs no checksum-database look-ups and never writes to them.
+patched_source() { # SHARED-SUBDIR WRAPPER-DIR DEST
+  local from=$SHARED/third_party/$1
+  [[ -d $from ]] || { echo "no source at $from (../shared/third_party)" >&2; return 1; }
+  rm -rf "$3"
+  mkdir -p "$(dirname "$3")"
+  cp -r "$from" "$3"
+  chmod -R u+w "$3"
+  cp "$HERE/$2/go.mod" "$HERE/$2/go.sum" "$3/"
+}
+
+build_pulumi-language-python() { # OUT
+  # The bundled Python language host and its exec shim, beside the CLI as in
+  # Pulumi's release archive (the CLI then uses them without a warning).
+  local src=$CACHE/.src-pulumi-language-python-$PULUMI_VERSION
+  require pulumi-language-python github.com/pulumi/pulumi/sdk/v3 "$PULUMI_VERSION"
+  patched_source "pulumi-language-python-$PULUMI_VERSION" pulumi-language-python "$src"
+  (cd "$src" && "${NICE[@]}" go build -mod=readonly -trimpath \
+    -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION" \
+    -o "$1/pulumi-language-python" .)
+  install -m 0755 "$src/pulumi-language-python-exec" "$1/"
+  rm -rf "$src"
+}
+
+build_pulumi-kubernetes() { # OUT
+  # The provider's main package embeds a schema that upstream generates from a
+  # schema.json absent from the source; make it with the provider's own
+  # generator from the OpenAPI v2 document of the Kubernetes release the tier
+  # runs (api/openapi-spec/swagger.json of k8s.io/kubernetes: what its
+  # kube-apiserver serves at /openapi/v2).
+  local v=${PULUMI_KUBERNETES_VERSION#v} src=$CACHE/.src-pulumi-kubernetes-$PULUMI_KUBERNETES_VERSION
+  local cmd swagger
+  patched_source "pulumi-kubernetes-provider-$PULUMI_KUBERNETES_VERSION/provider" pulumi-kubernetes "$src"
+  cmd=$src/cmd/pulumi-resource-kubernetes
+  mkdir -p "$src/cmd/uerl-gen-schema"
+  cp "$HERE/pulumi-kubernetes/genschema/main.go" "$src/cmd/uerl-gen-schema/"
+  swagger=$(cd "$HERE/kubernetes" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')/api/openapi-spec/swagger.json
+  (cd "$src" && "${NICE[@]}" go run -mod=readonly -trimpath ./cmd/uerl-gen-schema \
+    "$swagger" "$cmd/terraform-mapping.json" "$v" "$cmd")
+  (cd "$src" && "${NICE[@]}" go build -mod=readonly -trimpath \
+    -ldflags "-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$v" \
+    -o "$1/pulumi-resource-kubernetes" ./cmd/pulumi-resource-kubernetes)
+  rm -rf "$src"
 }
 
 status=0

@@ -1,0 +1,390 @@
+"""`pulumi up` for real: the Pulumi CLI, its Python language host and the Kubernetes
+provider run uerl's program (infra/, Pulumi.yaml, the dev stack's config) against the
+tier's kube-apiserver and the real KubeRay operator, pods simulated by KWOK.
+
+Each test checks the live cluster and Pulumi's own view (its outputs, its state, what
+its preview would do). The tests share one control plane and run in file order: the
+`dev` stack is created by the first and destroyed by the last but one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from controlplane import KUBERAY_CHART_DIR, KUBERAY_CRD_NAMES, KUBERAY_CRDS_DIR, ControlPlane
+from pulumi_project import PulumiProject
+from stacks import running_and_ready
+
+pytestmark = pytest.mark.k8s
+
+UERL = Path(sys.executable).parent / "uerl"
+NAMESPACE = "uerl"  # the dev stack's (topology defaults)
+CLUSTER = "uerl"
+OPERATOR_RELEASE = "kuberay-operator"
+STACK_SELECTOR = f"app.kubernetes.io/instance in ({CLUSTER},{OPERATOR_RELEASE})"
+
+
+@pytest.fixture(scope="module")
+def project(
+    bare_control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PulumiProject]:
+    yield PulumiProject(tmp_path_factory.mktemp("pulumi"), bare_control_plane.kubeconfig)
+
+
+def operator_follows_chart(cp: ControlPlane) -> Callable[[], None]:
+    """The operator process lives while the chart's Deployment does (the chart's
+    pod is simulated and reconciles nothing): started once the Deployment and the
+    CRDs exist, stopped once the Deployment is gone."""
+
+    def step() -> None:
+        deployed = cp.kubectl(
+            "get", "deployment", "-n", NAMESPACE, OPERATOR_RELEASE, check=False
+        ).returncode == 0  # fmt: skip
+        if deployed:
+            cp.start_kuberay_operator_once_crds()
+        else:
+            cp.stop_kuberay_operator()
+
+    return step
+
+
+def up(project: PulumiProject, cp: ControlPlane, stack: str = "dev", **kwargs: Any) -> Any:
+    return project.up(stack, during=operator_follows_chart(cp), **kwargs)
+
+
+def ray_pods(cp: ControlPlane, name: str = CLUSTER, ns: str = NAMESPACE) -> list[dict[str, Any]]:
+    return cp.get_json("pods", "-n", ns, "-l", f"ray.io/cluster={name}")["items"]
+
+
+def uids(pods: list[dict[str, Any]]) -> set[str]:
+    return {p["metadata"]["uid"] for p in pods}
+
+
+def groups_ready(pods: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for pod in pods:
+        if running_and_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
+            group = pod["metadata"]["labels"]["ray.io/group"]
+            out[group] = out.get(group, 0) + 1
+    return out
+
+
+def raycluster(cp: ControlPlane, name: str = CLUSTER, ns: str = NAMESPACE) -> dict[str, Any]:
+    return dict(cp.get_json("raycluster", "-n", ns, name))
+
+
+def configmap_endpoints(cp: ControlPlane, name: str = CLUSTER, ns: str = NAMESPACE) -> Any:
+    data = cp.get_json("configmap", "-n", ns, f"{name}-endpoints")["data"]
+    return json.loads(data["endpoints.json"])
+
+
+def rendered(project: PulumiProject, stack: str = "dev") -> list[dict[str, Any]]:
+    """`uerl render --stack STACK` in the project directory: the same config Pulumi reads."""
+    out = subprocess.run(
+        [str(UERL), "render", "--stack", stack],
+        cwd=project.dir, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def changed_steps(preview: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The preview's steps that are not `same`, keyed by resource name."""
+    return {
+        step["urn"].rsplit("::", 1)[1]: step
+        for step in preview.get("steps", [])
+        if step["op"] != "same"
+    }
+
+
+def stack_objects(cp: ControlPlane) -> list[str]:
+    """Every object of the dev stack and its operator release, of every listable kind."""
+    kinds = cp.kubectl("api-resources", "--verbs=list", "-o", "name").stdout.split()
+    out = cp.kubectl(
+        "get", ",".join(kinds), "-A", "-l", STACK_SELECTOR, "-o", "name", "--ignore-not-found"
+    ).stdout  # fmt: skip
+    return sorted(line for line in out.splitlines() if line)
+
+
+# ---- 1. a new stack ---------------------------------------------------------------
+
+
+def test_up_creates_the_stack_and_returns_once_the_raycluster_is_ready(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+    assert not cp.crds_established()  # the chart brings them
+    project.new_stack("dev", {"topology.operator.chart_path": str(KUBERAY_CHART_DIR)})
+
+    result = up(project, cp)
+
+    # `up` waited: the RayCluster is ready the moment it returns, every Ray pod up.
+    assert raycluster(cp)["status"]["state"] == "ready", result.output
+    assert groups_ready(ray_pods(cp)) == {"headgroup": 1, "learners": 1, "workers": 2}
+    assert cp.crds_established()
+    types = {r["type"] for r in project.resources("dev")}
+    assert "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition" in types
+    assert "kubernetes:ray.io/v1:RayCluster" in types
+    print(f"pulumi up of the dev stack: {result.seconds:.1f}s")
+
+
+def test_the_endpoints_output_is_the_heads_configmap_and_what_uerl_render_prints(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    output = project.outputs("dev")["endpoints"]
+    assert output == configmap_endpoints(bare_control_plane)
+    configmap = next(o for o in rendered(project) if o["kind"] == "ConfigMap")
+    assert output == json.loads(configmap["data"]["endpoints.json"])
+    assert output["num_env_runners"] == 2 and output["pattern"] == "sidecar"
+
+
+def test_preview_and_refresh_find_no_changes_right_after_up(project: PulumiProject) -> None:
+    preview = project.run("preview", "--expect-no-changes", stack="dev")
+    refresh = project.run("refresh", "--yes", "--expect-no-changes", stack="dev")
+    print(f"no-change preview {preview.seconds:.1f}s, refresh {refresh.seconds:.1f}s")
+
+
+# ---- 2. rescale ----------------------------------------------------------------------
+
+
+def test_a_rescale_updates_only_the_worker_count_and_keeps_the_pods(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+    before = uids(ray_pods(cp))
+    project.config_set("dev", "topology.workers.replicas", "3")
+
+    steps = changed_steps(project.preview_json("dev"))
+    assert {name: step["op"] for name, step in steps.items()} == {
+        CLUSTER: "update",
+        f"{CLUSTER}-endpoints": "update",
+    }
+    cluster_diff = set(steps[CLUSTER].get("detailedDiff") or {})
+    workers = "spec.workerGroupSpecs[1]."  # [0] is the learners
+    assert cluster_diff, steps[CLUSTER]
+    assert all(k.startswith(workers) and k.lower().endswith("replicas") for k in cluster_diff)
+    endpoints_diff = set(steps[f"{CLUSTER}-endpoints"].get("detailedDiff") or {})
+    assert endpoints_diff <= {"data", "data.endpoints.json"}, endpoints_diff
+
+    up(project, cp)
+    after = ray_pods(cp)
+    assert before < uids(after)  # every pod kept, one added
+    assert groups_ready(after) == {"headgroup": 1, "learners": 1, "workers": 3}
+    assert project.outputs("dev")["endpoints"]["num_env_runners"] == 3
+    assert configmap_endpoints(cp)["num_env_runners"] == 3
+
+
+# ---- 3. pattern switch -----------------------------------------------------------------
+
+
+def test_switching_to_networked_and_back_recreates_the_pods_and_the_games(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+    sidecar_pods = uids(ray_pods(cp))
+    game_set = f"{CLUSTER}-ue"
+
+    project.config_set("dev", "topology.pattern", "networked")
+    up(project, cp)
+    networked = ray_pods(cp)
+    assert not uids(networked) & sidecar_pods
+    statefulset = cp.get_json("statefulset", "-n", NAMESPACE, game_set)
+    assert statefulset["status"].get("readyReplicas") == statefulset["spec"]["replicas"] == 4
+    assert cp.get_json("service", "-n", NAMESPACE, game_set)["spec"]["clusterIP"] == "None"
+    endpoints = project.outputs("dev")["endpoints"]
+    assert endpoints == configmap_endpoints(cp)
+    assert endpoints["pattern"] == "networked"
+    assert endpoints["worker_url_template"].startswith(f"{game_set}-{{worker_index}}.{game_set}.")
+
+    project.config_set("dev", "topology.pattern", "sidecar")
+    up(project, cp)
+    assert not uids(ray_pods(cp)) & uids(networked)
+    for kind in ("statefulset", "service"):
+        gone = cp.kubectl("get", kind, "-n", NAMESPACE, game_set, check=False)
+        assert gone.returncode != 0 and "NotFound" in gone.stderr
+    assert (
+        cp.get_json("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={game_set}")["items"]
+        == []
+    )
+    assert project.outputs("dev")["endpoints"]["pattern"] == "sidecar"
+    assert configmap_endpoints(cp)["worker_url_template"] == "localhost"
+
+
+# ---- 4. a new Ray image -----------------------------------------------------------------
+
+
+def test_a_new_ray_image_recreates_every_ray_pod(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+    before = ray_pods(cp)
+    project.config_set("dev", "topology.ray.image", "uerl/ray:next")
+    up(project, cp)
+    after = ray_pods(cp)
+    assert not uids(after) & uids(before)
+    assert groups_ready(after) == groups_ready(before)
+    assert {p["spec"]["containers"][0]["image"] for p in after} == {"uerl/ray:next"}
+
+
+# ---- 7. two stacks in one namespace ---------------------------------------------------------
+
+
+def test_two_stacks_share_a_namespace_and_destroying_one_leaves_the_other(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+
+    def dev_state() -> dict[str, str]:
+        kinds = "raycluster,configmap,pods,services"
+        items = cp.get_json(kinds, "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={CLUSTER}")
+        return {
+            f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"]
+            for o in items["items"]
+        }
+
+    before = dev_state()
+    project.new_stack(
+        "second",
+        {
+            "topology.name": "second",
+            "topology.namespace": NAMESPACE,
+            "topology.create_namespace": "false",  # the dev stack's
+            "topology.operator.install": "false",  # the dev stack's operator serves both
+            "topology.simulator.kind": "mock",
+            "topology.workers.replicas": "1",
+        },
+    )
+    up(project, cp, "second")
+    assert groups_ready(ray_pods(cp, "second")) == {"headgroup": 1, "learners": 1, "workers": 1}
+    assert project.outputs("second")["endpoints"]["cluster_name"] == "second"
+
+    project.run("destroy", "--yes", stack="second", during=operator_follows_chart(cp))
+    assert cp.get_json("raycluster", "-n", NAMESPACE)["items"][0]["metadata"]["name"] == CLUSTER
+    leftover = cp.get_json("all", "-n", NAMESPACE, "-l", "app.kubernetes.io/instance=second")
+    assert leftover["items"] == []
+    assert dev_state() == before  # not one object of the dev stack touched
+    project.run("stack", "rm", "--yes", stack="second")
+
+
+# ---- 8. bad input -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (
+            "topology.workers.replicas",
+            "-1",
+            "topology.workers.replicas: Input should be greater than or equal to 1",
+        ),
+        (
+            "topology.workers.replicas",
+            "many",
+            "topology.workers.replicas: Input should be a valid integer",
+        ),
+        (
+            "topology.workers.replica",
+            "3",
+            "topology.workers.replica: unknown key (not a topology field)",
+        ),
+    ],
+)
+def test_bad_config_fails_preview_with_one_line_naming_the_field_and_changes_nothing(
+    project: PulumiProject, bare_control_plane: ControlPlane, path: str, value: str, message: str
+) -> None:
+    cp = bare_control_plane
+    version = raycluster(cp)["metadata"]["resourceVersion"]
+    stack_file = project.dir / "Pulumi.dev.yaml"
+    original = stack_file.read_text()
+    project.config_set("dev", path, value)
+    try:
+        result = project.run("preview", stack="dev", check=False)
+        assert result.returncode != 0
+        assert message in result.output
+        assert "Traceback" not in result.output and "pydantic" not in result.output
+        up_result = project.run("up", "--yes", stack="dev", check=False)
+        assert up_result.returncode != 0 and message in up_result.output
+    finally:
+        stack_file.write_text(original)
+    assert raycluster(cp)["metadata"]["resourceVersion"] == version
+    project.run("preview", "--expect-no-changes", stack="dev")
+
+
+# ---- 9. a head that can never be ready ------------------------------------------------------
+
+
+def test_up_fails_within_the_timeout_naming_the_raycluster_whose_head_never_gets_ready(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+    project.new_stack(
+        "stuck",
+        {
+            "topology.name": "stuck",
+            "topology.namespace": "uerl-stuck",
+            "topology.operator.install": "false",
+            "topology.simulator.kind": "mock",
+            "topology.pattern": "networked",
+            "topology.ray.head.cpus": "1000",  # no node has that
+            "topology.image_pull_timeout_s": "0",
+            "topology.ray.start_timeout_s": "20",
+        },
+    )
+    start = time.monotonic()
+    result = up(project, cp, "stuck", check=False)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert "kubernetes:ray.io/v1:RayCluster" in result.output and "stuck" in result.output
+    assert "HeadPodReady" in result.output or "timed out" in result.output.lower(), result.output
+    assert elapsed < 20 + 90, f"{elapsed:.0f}s"  # the timeout, plus the rest of the stack
+    head = cp.get_json("pods", "-n", "uerl-stuck", "-l", "ray.io/node-type=head")["items"]
+    assert head and head[0]["status"]["phase"] == "Pending"
+    project.run("destroy", "--yes", stack="stuck", during=operator_follows_chart(cp))
+    project.run("stack", "rm", "--yes", stack="stuck")
+
+
+# ---- 5. destroy -----------------------------------------------------------------------------
+
+
+def test_destroy_leaves_nothing_of_the_stack_and_removes_the_crds_it_installed(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+    assert stack_objects(cp)  # the selector does find the stack while it exists
+    project.run("destroy", "--yes", stack="dev", during=operator_follows_chart(cp))
+
+    cp.wait_until(lambda: not stack_objects(cp), 60, "the dev stack's objects to be gone")
+    namespaces = {n["metadata"]["name"] for n in cp.get_json("namespaces")["items"]}
+    assert NAMESPACE not in namespaces
+    crds = {c["metadata"]["name"] for c in cp.get_json("crd")["items"]}
+    assert not crds & KUBERAY_CRD_NAMES  # `crds: install`: the stack's own, deleted with it
+    assert project.resources("dev") == []
+
+
+# ---- 6. CRDs left by an earlier KubeRay ----------------------------------------------------------
+
+
+def test_leftover_crds_fail_install_with_the_fix_and_adopt_takes_them_over(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+    # What `helm install` of KubeRay leaves behind after `helm uninstall`.
+    cp.kubectl("apply", "--server-side", "--field-manager=helm", "-f", str(KUBERAY_CRDS_DIR))
+    cp.wait_until(cp.crds_established, 60, "the leftover CRDs to be established")
+
+    result = up(project, cp, check=False)
+    assert result.returncode != 0
+    assert "topology.operator.crds" in result.output and "adopt" in result.output, result.output
+
+    project.config_set("dev", "topology.operator.crds", "adopt")
+    up(project, cp)
+    assert raycluster(cp)["status"]["state"] == "ready"
+    project.run("destroy", "--yes", stack="dev", during=operator_follows_chart(cp))
+    project.run("stack", "rm", "--yes", stack="dev")
