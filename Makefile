@@ -13,11 +13,19 @@ setup: $(STAMP)
 # torch first, pinned: the PyPI build (with its CUDA libraries, a few GB);
 # the rest then resolves against it instead of pulling another torch.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[infra,train,dev]'
-	touch $(STAMP)
+	@echo "setup 1/4: virtualenv $(VENV) ($(PYTHON))"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "setup 2/4: pip"
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@echo "setup 3/4: torch 2.13.0 (the PyPI build with its CUDA libraries: a few GB, first run only)"
+	@$(BIN)/python -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
+		&& echo "  already installed" \
+		|| $(BIN)/python -m pip install --progress-bar on torch==2.13.0
+	@echo "setup 4/4: uerl and its dependencies (Ray, RLlib, Pulumi SDKs, test tools)"
+	@# setuptools' "Editable installation" banner is advice for src-less layouts, not a problem.
+	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e '.[infra,train,dev]'
+	@touch $(STAMP)
+	@echo "setup done: $(BIN)/uerl"
 
 local: $(STAMP)
 	$(BIN)/uerl local $(ARGS)
