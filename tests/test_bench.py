@@ -2,20 +2,48 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from training.commands import bench
 
+RATE = re.compile(r"([\d,]+) env-steps/s")
+RATIO = re.compile(r"\((\d+\.\d\d)x in-process\)")
 
-def test_bench_reports_all_three_rates_and_ratios(capsys: pytest.CaptureFixture[str]) -> None:
+
+def test_a_rate_is_env_steps_over_the_elapsed_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def step(k: int) -> None:
+        clock[0] += 0.25  # each vector step takes a quarter of a second
+
+    tally = bench._Tally()
+    # Two passes over 2 actions reach the 1 s slice: 4 vector steps of 3 envs in 1 s.
+    assert bench._timed(step, 2, 1.0, 3, tally) == 12.0
+    assert tally.calls == 4
+
+
+def test_bench_prints_each_grpc_rate_as_its_fraction_of_in_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert bench.main(["--envs", "2", "--seconds", "0.6", "--rounds", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines] == ["gymnasium", "GymClient", "UEVectorEnv"]
-    assert all("env-steps/s" in line for line in lines)
-    assert "x in-process" in lines[1] and "x in-process" in lines[2]
+    rates = [float(m.group(1).replace(",", "")) for line in lines if (m := RATE.search(line))]
+    ratios = [float(m.group(1)) for line in lines if (m := RATIO.search(line))]
+    assert len(rates) == 3 and len(ratios) == 2, lines
+    for rate, ratio in zip(rates[1:], ratios, strict=True):
+        # Rates are printed rounded to whole steps/s, ratios to 0.01.
+        assert ratio == pytest.approx(rate / rates[0], abs=0.011), lines
+    # A gRPC round trip per vector step costs far more than stepping 2 envs in-process.
+    assert all(ratio < 1.0 for ratio in ratios), lines
 
 
-def test_bench_rates_are_positive_for_a_continuous_action_env() -> None:
+def test_grpc_paths_are_slower_than_in_process_for_a_continuous_action_env() -> None:
     result = bench.run("Pendulum-v1", num_envs=2, seconds=0.4, rounds=1)
-    assert result.in_process_steps_per_s > 0
-    assert result.client_steps_per_s > 0 and result.vector_env_steps_per_s > 0
+    assert 0 < result.client_ratio < 1 and 0 < result.vector_env_ratio < 1, result
+    # The client's CPU per step is measured (the game's is in clock ticks: may read 0 here).
+    figures = (result.in_process_cpu_us, result.client_cpu_us, result.vector_env_cpu_us)
+    assert all(value is not None and value > 0 for value in figures), result

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.rllib.algorithm import AgentTypeMapping, build_ppo_config
-from training.rllib.env_runner import UEConnection, UEEnvRunner
+from training.rllib.env_runner import GameChangedError, UEConnection, UEEnvRunner
 from training.run.discovery import discover
 
 MockFactory = Callable[..., MockUEServer]
@@ -112,6 +112,21 @@ def test_runner_samples_one_episode_list_entry_per_environment(mock_ue: MockFact
         agent_modules = {aid: ep.module_for(aid) for ep in episodes for aid in ep.agent_ids}
         assert agent_modules == {"cart_0": "cart", "cart_1": "cart", "pendulum_0": "pendulum"}
         assert server.stats.steps == 10  # one RPC per vector step of 3 environments
+    finally:
+        runner.stop()
+
+
+def test_a_game_back_on_its_endpoint_with_other_spaces_is_an_error(mock_ue: MockFactory) -> None:
+    server = mock_ue("CartPole-v1")
+    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
+    runner = _runner([server], connection, worker_index=1)
+    try:
+        server.stop(grace=0)
+        # Another build answers on the same endpoint: its policies would not fit.
+        mock_ue("Pendulum-v1", port=server.port)
+        with pytest.raises(GameChangedError, match="different environments, agents or spaces"):
+            runner.make_env()
+        assert runner.env is None
     finally:
         runner.stop()
 

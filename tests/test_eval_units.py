@@ -15,6 +15,7 @@ from training.rllib.env_runner import EvaluationRunnerRefused, UEEnvRunner
 from training.run.evaluation import (
     EvalError,
     EvalReport,
+    check_fingerprints,
     check_policies,
     collect,
     episode_summary,
@@ -162,12 +163,25 @@ def test_a_checkpoint_for_another_game_is_refused_naming_both_policy_sets() -> N
         check_policies(["pendulum"], ["cartpole"], Path("ckpt"))
 
 
-def test_weights_fingerprint_sums_float_weights_per_policy() -> None:
+def test_the_same_weights_as_tensors_or_arrays_have_the_same_fingerprint() -> None:
+    # The driver holds the checkpoint's weights as arrays; a runner reports its own.
     import numpy as np
     import torch
 
-    state = {"a": {"w": torch.ones(2, 3), "b": np.full(4, 0.5), "steps": 7}}
-    assert weights_fingerprint(state) == {"a": 8.0}
+    weights = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.full(4, 0.5)}
+    as_tensors = {"a": {k: torch.as_tensor(v) for k, v in weights.items()}}
+    assert weights_fingerprint(as_tensors) == weights_fingerprint({"a": weights})
+
+
+def test_weights_that_differ_but_sum_alike_are_refused_naming_runner_and_policy() -> None:
+    import numpy as np
+
+    loaded = {"a": {"w": np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)}}
+    swapped = {"a": {"w": np.array([[2.0, 1.0], [3.0, 4.0]], np.float32)}}
+    want = weights_fingerprint(loaded)
+    got = [weights_fingerprint(loaded), weights_fingerprint(swapped)]
+    with pytest.raises(EvalError, match=r"env runner 2: policy 'a' did not take the checkpoint"):
+        check_fingerprints(want, got)
 
 
 def test_report_json_round_trips_and_prints_one_row_per_policy() -> None:

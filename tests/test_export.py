@@ -127,17 +127,39 @@ def test_box_actions_match_torch_within_tolerance(exported: dict[str, list]) -> 
         assert item.verification.max_abs_deviation["action"] < 1e-4
 
 
-def test_box_actions_are_what_the_game_receives_rescaled_to_its_bounds(
-    exported: dict[str, list],
+def test_box_actions_are_the_modules_mean_rescaled_from_unit_range_to_the_bounds(
+    tmp_path: Path,
 ) -> None:
-    # RLlib's normalize_actions maps the module's mean from [-1, 1] to [-2, 2]; the
-    # file must emit that, within the space, not the raw mean.
-    (item,) = exported["Pendulum-v1"]
-    session = ort.InferenceSession(str(item.path))
+    # RLlib's normalize_actions maps the module's mean from [-1, 1] to the Box's bounds
+    # ([-2, 2] for Pendulum): the file must emit low + (mean + 1) * (high - low) / 2, not
+    # the raw mean (clamping alone would keep that within the bounds too).
+    import torch
+    from ray.rllib.core.columns import Columns
+
+    from training.export.onnx_policy import export_policy
+
+    ((policy_id, (obs_space, act_space)),) = game_for("Pendulum-v1").policy_spaces().items()
+    module = modules_for({policy_id: (obs_space, act_space)})[policy_id]
+    module.eval()
+    interface = policy_interface(
+        policy_id,
+        game_obs=obs_space,
+        game_action=act_space,
+        module_obs=obs_space,
+        module_action=act_space,
+    )
+    path = tmp_path / "pendulum.onnx"
+    export_policy(module, interface, ActionSettings(normalize_actions=True), path)
     obs = np.random.default_rng(0).uniform(-8, 8, (2000, 3)).astype(np.float32)
-    (action,) = session.run(None, {"obs": obs})
-    assert action.shape == (2000, 1)
-    assert action.min() >= -2.0 and action.max() <= 2.0
+    (action,) = ort.InferenceSession(str(path)).run(None, {"obs": obs})
+    with torch.no_grad():
+        logits = module.forward_inference({Columns.OBS: torch.as_tensor(obs)})
+    mean = logits[Columns.ACTION_DIST_INPUTS][:, :1].numpy()
+    low, high = act_space.low, act_space.high
+    rescaled = np.clip(low + (mean + 1.0) * (high - low) / 2.0, low, high)
+    # The sample tells rescaled from raw actions apart (else the check below proves nothing).
+    assert np.abs(rescaled - np.clip(mean, low, high)).max() > 0.1
+    np.testing.assert_allclose(action, rescaled, atol=1e-4)
 
 
 def test_a_module_on_the_flattened_dict_observation_still_gets_named_inputs(

@@ -70,10 +70,17 @@ def test_the_board_prints_one_line_per_failure_and_recovery() -> None:
     assert "is back after 3.0 s" in lines[1]
 
 
-def test_the_board_counts_healthy_runners_and_unheard_ones_as_healthy() -> None:
+def test_the_board_counts_a_runner_that_never_reported_as_unknown_not_healthy() -> None:
     board = RunnerHealthBoard(3, give_up_after_s=60)
     board.update([_report(1, healthy=False, down_for_s=2), _report(2, healthy=True)])
-    assert board.healthy == 2
+    assert (board.healthy, board.unknown) == (1, 1)
+
+
+def test_the_board_counts_a_runner_that_did_not_answer_this_round_as_unknown() -> None:
+    board = RunnerHealthBoard(2, give_up_after_s=60)
+    board.update([_report(1, healthy=True), _report(2, healthy=True)])
+    board.update([_report(1, healthy=True)])  # runner 2's report is from the round before
+    assert (board.healthy, board.unknown) == (1, 1)
 
 
 def test_the_board_gives_up_only_when_every_game_is_down_past_the_limit() -> None:
@@ -102,9 +109,9 @@ def test_a_game_that_stayed_up_restarts_after_the_initial_delay_again() -> None:
 
 
 def test_past_the_cap_there_is_no_next_restart() -> None:
-    policy = RestartPolicy(max_restarts=2)
-    assert policy.next_delay(uptime_s=0) is not None
-    assert policy.next_delay(uptime_s=0) is not None
+    policy = RestartPolicy(max_restarts=2, initial_s=0.5)
+    assert policy.next_delay(uptime_s=0) == 0.5
+    assert policy.next_delay(uptime_s=0) == 1.0
     assert policy.next_delay(uptime_s=0) is None
     assert policy.restarts == 2
 
@@ -135,3 +142,8 @@ def test_csv_without_runner_columns_still_reads(tmp_path: Path) -> None:
 def test_the_progress_line_shows_healthy_runners() -> None:
     row = metrics.IterationRow(3, 6000, 30, 5.0, 400.0, 25.0, 25.0, 9000.0, 2, 3)
     assert metrics.progress_line(row).endswith("| runners 2/3")
+
+
+def test_the_progress_line_shows_runners_without_a_report_apart() -> None:
+    row = metrics.IterationRow(3, 6000, 30, 5.0, 400.0, 25.0, 25.0, 9000.0, 2, 3, 1)
+    assert metrics.progress_line(row).endswith("| runners 2/3, 1 unknown")

@@ -75,6 +75,29 @@ def test_local_endpoints_point_discovery_at_the_right_game(
     assert ep.ray.gcs_address == "127.0.0.2:6000"
 
 
+def _ephemeral_range(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str) -> None:
+    path = tmp_path / "ip_local_port_range"
+    path.write_text(text)
+    monkeypatch.setattr(processes, "EPHEMERAL_RANGE_FILE", path)
+
+
+def test_game_ports_are_chosen_below_the_kernels_ephemeral_port_range(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A restarting game's port must not be handed to an outgoing connection meanwhile.
+    _ephemeral_range(monkeypatch, tmp_path, "24000\t60999\n")
+    bases = [processes.free_port_block(3) for _ in range(20)]
+    assert all(base >= processes.GAME_PORT_LOW and base + 3 <= 24000 for base in bases), bases
+
+
+def test_game_ports_go_above_the_ephemeral_range_when_none_fit_below(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _ephemeral_range(monkeypatch, tmp_path, "1024\t60999\n")
+    bases = [processes.free_port_block(3) for _ in range(20)]
+    assert all(base >= 61000 and base + 3 <= 65536 for base in bases), bases
+
+
 def _wait(predicate: Callable[[], bool], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():

@@ -22,7 +22,8 @@ def row(iteration: int, steps: int, ret: float = 20.0) -> IterationRow:
         episode_len_mean=20.0,
         learner_steps_per_s=9000.0,
         runners_healthy=1,
-        runners_total=2,
+        runners_total=3,
+        runners_unknown=1,
     )
 
 
@@ -47,7 +48,8 @@ def test_scalars_cover_return_length_throughput_losses_and_runner_health() -> No
     assert tags["uerl/episode_len_mean"] == 20.0
     assert tags["uerl/env_steps_per_s"] == 1000.0
     assert tags["uerl/learner_steps_per_s"] == 9000.0
-    assert (tags["uerl/runners_healthy"], tags["uerl/runners_total"]) == (1.0, 2.0)
+    assert (tags["uerl/runners_healthy"], tags["uerl/runners_total"]) == (1.0, 3.0)
+    assert tags["uerl/runners_unknown"] == 1.0
     assert tags["policy/pendulum/episode_return_mean"] == -1200.0
     assert tags["learner/cart/vf_loss"] == 3.5
     assert tags["learner/pendulum/entropy"] == 1.4

@@ -6,6 +6,8 @@ seconds then SIGCONT (a hung game). Two figures per fault:
   extra     the faulted iteration's time minus the median of unfaulted ones;
   rejoin    from the game answering again (first gRPC handshake after a restart,
             or SIGCONT) to its env runner's new session (game_events.jsonl).
+A fault that could not be sent (no live game process at its iteration, or the run
+ended first) is reported as not injected, counts in no figure, and the bench exits 1.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +38,15 @@ class Fault:
     game: str
     runner: int
     after_iteration: int
-    sent_at: float = 0.0
+    # Wall time the signal was sent; None until it was.
+    sent_at: float | None = None
     answered_at: float | None = None
+    # Why the fault never happened (no game process, the run ended first), if it did not.
+    not_injected: str | None = None
+
+    @property
+    def injected(self) -> bool:
+        return self.sent_at is not None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,29 +104,55 @@ def main(argv: Sequence[str]) -> int:
     ]
     print(f"uerl bench-faults: {' '.join(cmd[3:])}", flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ports: dict[str, int] = {}
     assert proc.stdout is not None
-    for line in proc.stdout:
+    follow(proc.stdout, plan, proc.pid, args.stop_seconds)
+    code = proc.wait()
+    if code != 0:
+        print(f"uerl bench-faults: uerl local exited {code}; see {run_dir}", file=sys.stderr)
+        return 1
+    missing = _report(plan, run_dir)
+    if missing:
+        print(
+            f"uerl bench-faults: {missing} of {len(plan)} fault(s) not injected; "
+            "the figures above cover the others only",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def follow(lines: Iterable[str], plan: list[Fault], root: int, stop_s: float) -> None:
+    """Read `uerl local`'s output (process `root`); inject each fault after its iteration.
+    A fault whose iteration never came is marked not injected."""
+    ports: dict[str, int] = {}
+    last = 0
+    for line in lines:
         if (m := GAMES.search(line)) is not None:
             pairs = (item.split("=") for item in m.group(1).split(", "))
             ports = {name: int(endpoint.rsplit(":", 1)[1]) for name, endpoint in pairs}
         if (m := ITER.match(line)) is None:
             continue
         print(line.rstrip(), flush=True)
+        last = int(m.group(1))
         for fault in plan:
-            if fault.after_iteration == int(m.group(1)):
-                _inject(fault, proc.pid, ports[fault.game], args.stop_seconds)
-    code = proc.wait()
-    if code != 0:
-        print(f"uerl bench-faults: uerl local exited {code}; see {run_dir}", file=sys.stderr)
-        return 1
-    _report(plan, run_dir)
-    return 0
+            if fault.after_iteration != last:
+                continue
+            if fault.game not in ports:
+                fault.not_injected = f"the run printed no port for {fault.game}"
+            else:
+                _inject(fault, root, ports[fault.game], stop_s)
+    for fault in plan:
+        if not fault.injected and fault.not_injected is None:
+            fault.not_injected = (
+                f"the run ended at iteration {last}, before {fault.after_iteration}"
+            )
 
 
 def _inject(fault: Fault, root: int, port: int, stop_s: float) -> None:
+    """Signal the game's process now; without one, record why the fault did not happen."""
     pid = _game_pid(root, port)
     if pid is None:
+        fault.not_injected = f"no live process of {fault.game} on port {port}"
         return
     endpoint = f"127.0.0.1:{port}"
     fault.sent_at = time.time()
@@ -135,13 +170,15 @@ def _inject(fault: Fault, root: int, port: int, stop_s: float) -> None:
         threading.Thread(target=resume, daemon=True).start()
 
 
-def _report(plan: list[Fault], run_dir: Path) -> None:
+def _report(plan: list[Fault], run_dir: Path) -> int:
+    """Print one row per fault (a fault not injected says so and counts in no figure);
+    return how many were not injected."""
     with (run_dir / "metrics.csv").open() as fh:
         times = {int(r["iteration"]): float(r["time_s"]) for r in csv.DictReader(fh)}
     events_path = run_dir / "game_events.jsonl"
     lines = events_path.read_text().splitlines() if events_path.is_file() else []
     events = [json.loads(line) for line in lines]
-    faulted = {f.after_iteration + 1 for f in plan}
+    faulted = {f.after_iteration + 1 for f in plan if f.injected}
     baseline = statistics.median(t for i, t in times.items() if i > 1 and i not in faulted)
     print(f"\nbaseline iteration (median of unfaulted, from 2): {baseline:.2f} s")
     print(
@@ -150,12 +187,16 @@ def _report(plan: list[Fault], run_dir: Path) -> None:
     extras, rejoins = [], []
     for n, fault in enumerate(plan, 1):
         it = fault.after_iteration + 1
+        if fault.sent_at is None:
+            print(f"{n:<6}{fault.kind:<9}{fault.game:<6}  not injected: {fault.not_injected}")
+            continue
+        sent_at = fault.sent_at
         extra = times.get(it, float("nan")) - baseline
         recovery = next(
             (
                 e for e in events
                 if e["kind"] == "recovery" and e["runner_index"] == fault.runner
-                and e["at"] >= fault.sent_at
+                and e["at"] >= sent_at
             ),
             None,
         )  # fmt: skip
@@ -170,7 +211,9 @@ def _report(plan: list[Fault], run_dir: Path) -> None:
             f"{n:<6}{fault.kind:<9}{fault.game:<6}{it:>10}{times.get(it, float('nan')):>7.2f}s"
             f"{extra:>+7.2f}s{rejoin:>8.2f}s"
         )
-    print(
-        f"mean extra per fault {statistics.fmean(extras):+.2f} s; "
-        f"mean game-answers-to-runner-samples {statistics.fmean(rejoins):.2f} s"
-    )
+    if extras:
+        print(
+            f"mean extra per fault {statistics.fmean(extras):+.2f} s; "
+            f"mean game-answers-to-runner-samples {statistics.fmean(rejoins):.2f} s"
+        )
+    return sum(1 for f in plan if not f.injected)

@@ -148,15 +148,53 @@ def port_is_free(port: int, host: str = "") -> bool:
     return True
 
 
-def free_port_block(count: int, *, low: int = 20000, high: int = 60000) -> int:
-    """A base port `p` such that p .. p+count-1 are all free right now."""
+# The kernel gives outgoing connections (and `bind(port 0)`) local ports from this range.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LINUX_DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
+# Game ports start here: below are the usual ports of well-known services and Ray's
+# default worker ports (10002-19999) of any other cluster on the machine.
+GAME_PORT_LOW = 20000
+
+
+def ephemeral_port_range(path: Path | None = None) -> tuple[int, int]:
+    """The kernel's ephemeral port range (inclusive); Linux's default if unreadable."""
+    try:
+        low, high = (int(v) for v in (path or EPHEMERAL_RANGE_FILE).read_text().split())
+    except (OSError, ValueError):
+        return LINUX_DEFAULT_EPHEMERAL_RANGE
+    return low, high
+
+
+def game_port_range(count: int) -> tuple[int, int]:
+    """Where `count` consecutive game ports may lie, [low, high): outside the ephemeral
+    range, so that no outgoing connection takes a game's port while the game restarts.
+    Below the range if `count` ports fit there, else above it."""
+    eph_low, eph_high = ephemeral_port_range()
+    for low, high in ((GAME_PORT_LOW, eph_low), (eph_high + 1, 65536)):
+        if high - low >= count:
+            return low, high
+    raise RuntimeError(
+        f"no room for {count} game port(s) outside the ephemeral port range "
+        f"{eph_low}-{eph_high} ({EPHEMERAL_RANGE_FILE}) and above {GAME_PORT_LOW}"
+    )
+
+
+def free_port_block(count: int, *, low: int | None = None, high: int | None = None) -> int:
+    """A base port `p` such that p .. p+count-1 are all free right now, within [low, high)
+    (default: `game_port_range`, outside the kernel's ephemeral ports)."""
+    if low is None or high is None:
+        default_low, default_high = game_port_range(count)
+        low = default_low if low is None else low
+        high = default_high if high is None else high
     rng = int.from_bytes(os.urandom(4), "little")
-    span = high - low - count
+    span = high - low - count + 1
+    if span <= 0:
+        raise RuntimeError(f"no block of {count} TCP ports fits in {low}..{high - 1}")
     for attempt in range(200):
         base = low + (rng + attempt * 7919) % span
         if all(port_is_free(base + i) for i in range(count)):
             return base
-    raise RuntimeError(f"no block of {count} free TCP ports found in {low}..{high}")
+    raise RuntimeError(f"no block of {count} free TCP ports found in {low}..{high - 1}")
 
 
 def tail(path: Path, lines: int = 20) -> str:

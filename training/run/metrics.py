@@ -19,9 +19,11 @@ class IterationRow:
     episode_return_mean: float  # NaN until an episode has finished
     episode_len_mean: float
     learner_steps_per_s: float
-    # Env runners whose game answered at the end of the iteration, of all of them.
+    # Env runners whose game answered at the end of the iteration, of all of them, and
+    # those that did not report then (their game's state is unknown).
     runners_healthy: int = 0
     runners_total: int = 0
+    runners_unknown: int = 0
 
 
 COLUMNS = [f.name for f in fields(IterationRow)]
@@ -64,6 +66,8 @@ def progress_line(row: IterationRow) -> str:
     ret = "   n/a" if math.isnan(row.episode_return_mean) else f"{row.episode_return_mean:7.1f}"
     learn = "n/a" if math.isnan(row.learner_steps_per_s) else f"{row.learner_steps_per_s:,.0f}"
     runners = f" | runners {row.runners_healthy}/{row.runners_total}" if row.runners_total else ""
+    if row.runners_unknown:
+        runners += f", {row.runners_unknown} unknown"
     return (
         f"iter {row.iteration:4d} | env steps {row.env_steps_total:>9,} | "
         f"{row.env_steps_per_s:8,.0f} steps/s | return mean {ret} | "
@@ -89,7 +93,14 @@ def read_csv(path: Path) -> list[IterationRow]:
         return rows
 
 
-_INTS = {"iteration", "env_steps_total", "episodes_total", "runners_healthy", "runners_total"}
+_INTS = {
+    "iteration",
+    "env_steps_total",
+    "episodes_total",
+    "runners_healthy",
+    "runners_total",
+    "runners_unknown",
+}
 
 
 def write_csv(path: Path, rows: list[IterationRow]) -> None:

@@ -1,10 +1,13 @@
 """The driver's view of its env runners' games: progress counts, event lines, giving up.
 
 After each iteration the driver asks every env runner for its `GameHealth`
-report (a short, bounded call; a runner still busy keeps its last report) and
-feeds them here. The board turns events into one plain line each, counts
-healthy runners for the progress line and says when to give up: every game
-down for longer than the limit.
+report (a short, bounded call) and feeds them here. The board turns events into
+one plain line each, counts runners for the progress line and says when to give
+up: every game down for longer than the limit.
+
+A runner is healthy only if it answered this round and its game answered. One
+that did not answer this round (busy, dead, restarting) or never answered at all
+is unknown, counted apart: its last report says nothing about its game now.
 """
 
 from __future__ import annotations
@@ -17,16 +20,20 @@ class RunnerHealthBoard:
     def __init__(self, total: int, *, give_up_after_s: float) -> None:
         self.total = total
         self.give_up_after_s = give_up_after_s
-        # Latest report per runner index; a runner not heard from yet counts as healthy
-        # (it was built, so its game answered then).
+        # Latest report per runner index (possibly from an earlier round).
         self.latest: dict[int, dict[str, Any]] = {}
+        # Runners that answered the latest round.
+        self.fresh: set[int] = set()
 
     def update(self, reports: Iterable[dict[str, Any]]) -> list[str]:
-        """Take fresh reports; return one line per fault or recovery they carry."""
+        """Take this round's reports; return one line per fault or recovery they carry.
+        Runners missing from `reports` become unknown until they answer again."""
         lines: list[str] = []
+        self.fresh = set()
         for report in reports:
             index = int(report["runner_index"])
             self.latest[index] = report
+            self.fresh.add(index)
             game = f"game of env runner {index} ({report['endpoint']})"
             for event in report.get("events", []):
                 if event["kind"] == "fault":
@@ -42,8 +49,16 @@ class RunnerHealthBoard:
 
     @property
     def healthy(self) -> int:
-        down = sum(1 for r in self.latest.values() if not r["healthy"])
-        return self.total - down
+        """Runners that answered this round with their game answering."""
+        return sum(1 for i in self.fresh if self.latest[i]["healthy"])
+
+    @property
+    def unknown(self) -> int:
+        """Runners that did not answer this round (or never did)."""
+        return self.total - len(self.fresh)
+
+    def fresh_reports(self) -> dict[int, dict[str, Any]]:
+        return {i: self.latest[i] for i in sorted(self.fresh)}
 
     def down_games(self) -> list[str]:
         return [

@@ -7,11 +7,12 @@ same curves.
 
 Tags:
 - `uerl/*`: what the progress line shows (return, episode length, env and learner
-  throughput, runners healthy/total);
+  throughput, runners healthy/total/unknown);
 - `policy/<policy>/episode_return_mean`: per policy (multi-agent games);
 - `learner/<policy>/<stat>`: every scalar RLlib's learner reports per module
   (losses, entropy, KL, gradient norm, learning rate, ...);
-- `runner/<index>/healthy` (1 or 0) and `runner/<index>/down_for_s`: each env runner's game.
+- `runner/<index>/healthy` (1 or 0) and `runner/<index>/down_for_s`: each env runner's game,
+  for the runners that reported this iteration.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def scalars_for(
     if row.runners_total:
         out["uerl/runners_healthy"] = float(row.runners_healthy)
         out["uerl/runners_total"] = float(row.runners_total)
+        out["uerl/runners_unknown"] = float(row.runners_unknown)
     env_runners = result.get("env_runners", {}) or {}
     per_policy = env_runners.get("module_episode_returns_mean", {}) or {}
     for pid, value in _scalars(per_policy, "").items():
