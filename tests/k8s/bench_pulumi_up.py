@@ -40,7 +40,9 @@ SMALL_PODS = {
 }
 
 
-def scale_rows(project: PulumiProject, sizes: list[int]) -> list[tuple[str, int, float, float, float]]:
+def scale_rows(
+    project: PulumiProject, sizes: list[int]
+) -> list[tuple[str, int, float, float, float]]:
     rows = []
     for pattern in ("sidecar", "networked"):
         for y in sizes:
@@ -108,7 +110,7 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 500])
     parser.add_argument("--skip-breakdown", action="store_true")
     args = parser.parse_args()
-    rows: list[tuple[str, int, float, float, float]] = []
+    rows: list[Row] = []
     breakdown: list[tuple[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="uerl-bench-pulumi-") as tmp:
         if not args.skip_breakdown:
@@ -119,7 +121,7 @@ def main() -> int:
             project = PulumiProject(Path(tmp) / "scale", cp.kubeconfig)
             rows = scale_rows(project, args.sizes)
 
-    print(f"\n| pattern | Y | `pulumi up` (new stack) | rescale Y -> Y+1 | no-change preview |")
+    print("\n| pattern | Y | `pulumi up` (new stack) | rescale Y -> Y+1 | no-change preview |")
     print("|---|---|---|---|---|")
     for pattern, y, create, rescale, preview in rows:
         print(f"| {pattern} | {y} | {create:.1f} s | {rescale:.1f} s | {preview:.1f} s |")
