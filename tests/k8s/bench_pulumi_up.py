@@ -40,9 +40,10 @@ SMALL_PODS = {
 }
 
 
-def scale_rows(
-    project: PulumiProject, sizes: list[int]
-) -> list[tuple[str, int, float, float, float]]:
+Row = tuple[str, int, float, float, float]  # pattern, Y, up, rescale, preview (s)
+
+
+def scale_rows(project: PulumiProject, sizes: list[int]) -> list[Row]:
     rows = []
     for pattern in ("sidecar", "networked"):
         for y in sizes:
