@@ -48,6 +48,11 @@ def add_eval_args(parser: argparse.ArgumentParser, *, checkpoint_required: bool 
         metavar="S",
         help="fail when the episodes have not finished within S seconds (600)",
     )
+    group.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print Ray's and RLlib's own output (default: only to <report>-ray.log)",
+    )
 
 
 def eval_options_from_args(
@@ -65,4 +70,5 @@ def eval_options_from_args(
         timeout_s=args.timeout,
         ray_address=ray_address,
         seed=args.seed,
+        verbose=args.verbose,
     )

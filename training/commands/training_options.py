@@ -61,6 +61,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         help="any training() option of the algorithm, e.g. --hp lambda_=0.9 (repeatable)",
     )
     group.add_argument("--preflight-timeout", type=float, default=30.0, metavar="S")
+    group.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print Ray's and RLlib's own output (default: only to <run-dir>/logs/ray.log)",
+    )
     faults = parser.add_argument_group("games that fail")
     faults.add_argument(
         "--request-timeout",
@@ -121,5 +126,6 @@ def options_from_args(
         request_timeout_s=args.request_timeout,
         fault_wait_s=args.fault_wait,
         game_down_limit_s=args.game_down_limit,
+        verbose=args.verbose,
         **(extra or {}),
     )

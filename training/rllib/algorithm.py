@@ -194,6 +194,9 @@ def build_algo_config(
             delay_between_env_runner_restarts_s=RUNNER_RESTART_DELAY_S,
             env_runner_health_probe_timeout_s=RUNNER_PROBE_TIMEOUT_S,
         )
+        # No CPU/GPU utilisation monitor thread: uerl reports none of it (and it warns
+        # on every build where GPUtil is not installed).
+        .debugging(log_sys_usage=False)
     )
     if model:
         config = config.rl_module(model_config=DefaultModelConfig(**model))

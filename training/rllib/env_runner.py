@@ -30,6 +30,7 @@ from infra.endpoints import worker_endpoint
 from training.protocol.errors import UEError, UEProtocolError
 from training.rllib.game_health import GameHealth
 from training.rllib.shared_health import SharedGameHealth
+from training.run.console import retag_if_quiet
 
 if TYPE_CHECKING:
     from training.protocol.client import TLSConfig
@@ -116,6 +117,8 @@ class UEEnvRunner(MultiAgentEnvRunner):
         self._shared_health: SharedGameHealth | None = None
         self._connection: UEConnection | None = None
         _quiet_rllib_about_game_faults()
+        # RLlib's logger is created on import, after the job's worker setup hook ran.
+        retag_if_quiet()
         super().__init__(config=config, **kwargs)
 
     @property

@@ -20,6 +20,7 @@ from infra.endpoints import Endpoints
 from training.protocol.game_spec import GameSpec
 from training.rllib.hparams import Algo
 from training.run import checkpoints, metrics
+from training.run.console import RayConsole
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
 from training.run.tensorboard import TensorBoardWriter
@@ -28,8 +29,10 @@ DEFAULT_ITERATIONS = 10
 CSV_NAME = "metrics.csv"
 PNG_NAME = "learning_curve.png"
 EVENTS_NAME = "game_events.jsonl"
+# Everything Ray and RLlib print (driver and actors), off the console unless --verbose.
+RAY_LOG_NAME = Path("logs") / "ray.log"
 # How long the driver waits for env runners' health reports after an iteration; a
-# runner still busy (async algorithms) keeps its previous report.
+# runner that does not answer in time (busy, dead) counts as unknown that iteration.
 HEALTH_QUERY_TIMEOUT_S = 2.0
 
 Log = Callable[[str], None]
@@ -65,6 +68,8 @@ class TrainOptions(BaseModel):
     game_down_limit_s: float = Field(default=300.0, gt=0)
     # Overrides endpoints.ray.gcs_address (e.g. a port-forward or ray://).
     ray_address: str | None = None
+    # Ray's and RLlib's own output on the console too, as Ray prints it (--verbose).
+    verbose: bool = False
 
     @model_validator(mode="after")
     def _default_stop(self) -> TrainOptions:
@@ -112,19 +117,38 @@ def run_training(
     stop: StopRequest | None = None,
     log: Log = print_line,
 ) -> TrainResult:
-    """Train against `endpoints`; Ray is connected here and disconnected on return."""
+    """Train against `endpoints`; Ray is connected here and disconnected on return.
+    Ray's and RLlib's own output goes to `<run_dir>/logs/ray.log` (and, with
+    `options.verbose`, to the console as Ray prints it)."""
+    with RayConsole(options.run_dir / RAY_LOG_NAME, verbose=options.verbose) as console:
+        return _run_training(endpoints, options, console, stop=stop, log=log)
+
+
+def _run_training(
+    endpoints: Endpoints,
+    options: TrainOptions,
+    console: RayConsole,
+    *,
+    stop: StopRequest | None,
+    log: Log,
+) -> TrainResult:
     import ray
 
     from training.rllib.algorithm import build_algo_config
     from training.run.discovery import discover_game
     from training.run.preflight import preflight
 
+    console.quiet_driver_loggers()  # RLlib's logger exists once it is imported
     stop = stop or StopRequest()
     started = time.monotonic()
     try:
         report = preflight(
-            endpoints, timeout_s=options.preflight_timeout_s, ray_address=options.ray_address
+            endpoints,
+            timeout_s=options.preflight_timeout_s,
+            ray_address=options.ray_address,
+            runtime_env=console.runtime_env(options.ray_address or endpoints.ray.gcs_address),
         )
+        console.capture_worker_output()
         stop.reinstall()
         log(report.summary())
         game = discover_game(endpoints)
@@ -148,7 +172,9 @@ def run_training(
             f"x ({endpoints.resources.cpus_per_learner:g} CPU, "
             f"{endpoints.resources.gpus_per_learner:g} GPU)"
         )
-        algo = _build_algo(config, endpoints.num_env_runners)
+        with console.filtered_stderr():
+            algo = _build_algo(config, endpoints.num_env_runners)
+        console.quiet_driver_loggers()  # Ray loggers first created by the build
         board = RunnerHealthBoard(
             endpoints.num_env_runners, give_up_after_s=options.game_down_limit_s
         )
@@ -250,11 +276,16 @@ def _loop(
             train_result = algo.train()
             row = metrics.row_from_result(train_result, previous_steps=previous)
             _check_runners(algo, board, stop, log, options.run_dir / EVENTS_NAME)
-            row = replace(row, runners_healthy=board.healthy, runners_total=board.total)
+            row = replace(
+                row,
+                runners_healthy=board.healthy,
+                runners_total=board.total,
+                runners_unknown=board.unknown,
+            )
             previous = row.env_steps_total
             rows.append(row)
             log(metrics.progress_line(row))
-            tensorboard.write(row, train_result, board.latest)
+            tensorboard.write(row, train_result, board.fresh_reports())
             if row.iteration % options.checkpoint_every == 0:
                 result.checkpoint = _save(algo, options, row, game)
                 last_saved = row.iteration

@@ -19,6 +19,7 @@ weights to the runners and samples whole episodes (deterministic actions unless
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -32,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.endpoints import Endpoints
 from training.run import checkpoints
+from training.run.console import RayConsole
 
 Log = Callable[[str], None]
 REPORT_NAME = "eval.json"
@@ -58,6 +60,13 @@ class EvalOptions(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0)
     ray_address: str | None = None
     seed: int | None = None
+    # Ray's and RLlib's own output on the console too, as Ray prints it (--verbose).
+    verbose: bool = False
+
+    @property
+    def ray_log(self) -> Path:
+        """Where Ray's and RLlib's output goes: beside the report (eval.json: eval-ray.log)."""
+        return self.report_path.with_name(f"{self.report_path.stem}-ray.log")
 
 
 class PolicyStats(BaseModel):
@@ -142,20 +151,36 @@ def sample_summaries(runner: Any, *, num_episodes: int, explore: bool) -> dict[s
     }
 
 
-def weights_fingerprint(state: dict[str, Any]) -> dict[str, float]:
-    """Per policy, the sum of all its weights: equal on the driver and a runner once loaded."""
+def weights_fingerprint(state: dict[str, Any]) -> dict[str, str]:
+    """Per policy, a SHA-256 of its weights (each array's name, dtype, shape and bytes,
+    in name order): equal on the driver and a runner exactly when the weights are."""
     out = {}
     for pid, module_state in state.items():
-        total = 0.0
-        for value in module_state.values():
+        digest = hashlib.sha256()
+        for name in sorted(module_state):
+            value = module_state[name]
             array = value.detach().cpu().numpy() if hasattr(value, "detach") else value
-            if isinstance(array, np.ndarray) and array.dtype.kind == "f":
-                total += float(np.sum(array, dtype=np.float64))
-        out[pid] = total
+            if not isinstance(array, np.ndarray):
+                continue
+            array = np.ascontiguousarray(array)
+            digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
+            digest.update(array.tobytes())
+        out[pid] = digest.hexdigest()
     return out
 
 
-def set_module_state(runner: Any, *, state: dict[str, Any]) -> dict[str, float]:
+def check_fingerprints(want: dict[str, str], got: list[dict[str, str]]) -> None:
+    """Each runner's fingerprints (runner 1 first) against the checkpoint's."""
+    for index, fingerprint in enumerate(got, start=1):
+        for pid, value in want.items():
+            if fingerprint.get(pid) != value:
+                raise EvalError(
+                    f"env runner {index}: policy {pid!r} did not take the checkpoint's weights "
+                    f"(fingerprint {fingerprint.get(pid, 'missing')[:16]} != {value[:16]})"
+                )
+
+
+def set_module_state(runner: Any, *, state: dict[str, Any]) -> dict[str, str]:
     """Runs on an env runner: load the checkpoint's weights into its modules; returns
     the fingerprint of what the runner now holds."""
     runner.module.set_state(state)
@@ -197,7 +222,16 @@ def collect(
 
 
 def run_eval(endpoints: Endpoints, options: EvalOptions, *, log: Log | None = None) -> EvalReport:
-    """Evaluate against `endpoints`; Ray is connected here and disconnected on return."""
+    """Evaluate against `endpoints`; Ray is connected here and disconnected on return.
+    Ray's and RLlib's own output goes to `options.ray_log` (and, with
+    `options.verbose`, to the console as Ray prints it)."""
+    with RayConsole(options.ray_log, verbose=options.verbose) as console:
+        return _run_eval(endpoints, options, console, log=log)
+
+
+def _run_eval(
+    endpoints: Endpoints, options: EvalOptions, console: RayConsole, *, log: Log | None
+) -> EvalReport:
     import ray
 
     from training.rllib.algorithm import build_algo_config
@@ -205,6 +239,7 @@ def run_eval(endpoints: Endpoints, options: EvalOptions, *, log: Log | None = No
     from training.run.driver import print_line
     from training.run.preflight import preflight
 
+    console.quiet_driver_loggers()  # RLlib's logger exists once it is imported
     log = log or print_line
     started = time.monotonic()
     path = checkpoints.resolve_checkpoint(options.checkpoint)
@@ -214,8 +249,12 @@ def run_eval(endpoints: Endpoints, options: EvalOptions, *, log: Log | None = No
     endpoints = endpoints.model_copy(update={"num_learners": 0})
     try:
         report = preflight(
-            endpoints, timeout_s=options.preflight_timeout_s, ray_address=options.ray_address
+            endpoints,
+            timeout_s=options.preflight_timeout_s,
+            ray_address=options.ray_address,
+            runtime_env=console.runtime_env(options.ray_address or endpoints.ray.gcs_address),
         )
+        console.capture_worker_output()
         log(report.summary())
         game = discover_game(endpoints)
         check_policies(game.policy_ids(), list(modules.keys()), path)
@@ -231,7 +270,9 @@ def run_eval(endpoints: Endpoints, options: EvalOptions, *, log: Log | None = No
         config = config.environment(
             normalize_actions=meta.normalize_actions, clip_actions=meta.clip_actions
         ).env_runners(sample_timeout_s=ROUND_TIMEOUT_S)
-        algo = config.build_algo()
+        with console.filtered_stderr():
+            algo = config.build_algo()
+        console.quiet_driver_loggers()  # Ray loggers first created by the build
         try:
             group = algo.env_runner_group
             weights = modules.get_state(inference_only=True)
@@ -274,7 +315,7 @@ def run_eval(endpoints: Endpoints, options: EvalOptions, *, log: Log | None = No
     return result
 
 
-def _set_state_from_ref(runner: Any, *, state: Any) -> dict[str, float]:
+def _set_state_from_ref(runner: Any, *, state: Any) -> dict[str, str]:
     import ray
 
     return set_module_state(runner, state=ray.get(state))
@@ -288,10 +329,4 @@ def _push_weights(group: Any, weights: dict[str, Any]) -> None:
     want = weights_fingerprint(weights)
     ref = ray.put(weights)
     got = group.foreach_env_runner(partial(_set_state_from_ref, state=ref), local_env_runner=False)
-    for index, fingerprint in enumerate(got, start=1):
-        for pid, value in want.items():
-            if not math.isclose(fingerprint.get(pid, math.nan), value, rel_tol=1e-5, abs_tol=1e-6):
-                raise EvalError(
-                    f"env runner {index}: policy {pid!r} did not take the checkpoint's weights "
-                    f"(fingerprint {fingerprint.get(pid)} != {value})"
-                )
+    check_fingerprints(want, got)

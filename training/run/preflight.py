@@ -95,8 +95,11 @@ def grpc_ready(endpoint: str, *, timeout_s: float, what: str) -> None:
         channel.close()
 
 
-def connect_ray(address: str, *, timeout_s: float) -> None:
-    """`ray.init` to an explicit address, never a local one, failing within the timeout."""
+def connect_ray(
+    address: str, *, timeout_s: float, runtime_env: dict[str, Any] | None = None
+) -> None:
+    """`ray.init` to an explicit address, never a local one, failing within the timeout.
+    `runtime_env` is the job's (e.g. the console's worker setup hook)."""
     import ray
 
     if ray.is_initialized():
@@ -104,6 +107,8 @@ def connect_ray(address: str, *, timeout_s: float) -> None:
     # ray.init to a dead GCS retries for a long time: probe the port first.
     tcp_reachable(address, timeout_s=timeout_s, what="Ray GCS")
     kwargs: dict[str, Any] = {"logging_level": "warning"}
+    if runtime_env:
+        kwargs["runtime_env"] = runtime_env
     host, _ = split_host_port(address.removeprefix("ray://"), what="Ray address")
     if not address.startswith("ray://") and host.startswith("127."):
         # A loopback cluster (uerl local): the driver must claim the nodes' IP,
@@ -255,7 +260,11 @@ def check_discovery(endpoints: Endpoints, *, timeout_s: float) -> None:
 
 
 def preflight(
-    endpoints: Endpoints, *, timeout_s: float = 30.0, ray_address: str | None = None
+    endpoints: Endpoints,
+    *,
+    timeout_s: float = 30.0,
+    ray_address: str | None = None,
+    runtime_env: dict[str, Any] | None = None,
 ) -> PreflightReport:
     """Connect to Ray (if not connected), check resources and the discovery endpoint.
 
@@ -264,7 +273,7 @@ def preflight(
     """
     start = time.monotonic()
     address = ray_address or endpoints.ray.gcs_address
-    connect_ray(address, timeout_s=timeout_s)
+    connect_ray(address, timeout_s=timeout_s, runtime_env=runtime_env)
     rooms = node_rooms(endpoints.custom_resource)
     placement = check_resources(endpoints, rooms)
     remaining = max(1.0, timeout_s - (time.monotonic() - start))
