@@ -105,9 +105,10 @@ class PulumiProject:
         during: Callable[[], object] | None = None,
     ) -> Result:
         """`pulumi ARGS` in the project directory (non-interactive)."""
-        argv = [str(self.pulumi), *args, "--non-interactive"]
-        if stack is not None:
-            argv += ["--stack", stack]
+        flags = ["--non-interactive", *(["--stack", stack] if stack is not None else [])]
+        # Flags before a `--` (after it, everything is a value).
+        cut = args.index("--") if "--" in args else len(args)
+        argv = [str(self.pulumi), *args[:cut], *flags, *args[cut:]]
         logs = self.workdir / "pulumi-logs"
         logs.mkdir(exist_ok=True)
         n = len(list(logs.iterdir())) // 2
@@ -160,8 +161,9 @@ class PulumiProject:
             self.config_set(stack, path, value)
 
     def config_set(self, stack: str, path: str, value: str) -> None:
-        """`pulumi config set --path uerl:PATH VALUE` (values typed as YAML: 3, true)."""
-        self.run("config", "set", "--path", f"uerl:{path}", "--", value, stack=stack)
+        """`pulumi config set --path PATH VALUE`, e.g. PATH `topology.workers.replicas`
+        (the project's namespace `uerl:` is implied, as when a user types it)."""
+        self.run("config", "set", "--path", path, "--", value, stack=stack)
 
     def up(self, stack: str, *args: str, **kwargs: Any) -> Result:
         return self.run("up", "--yes", "--skip-preview", *args, stack=stack, **kwargs)
