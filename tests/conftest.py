@@ -1,13 +1,93 @@
-"""Shared fixtures. Protocol/mock-UE fixtures first; others may append theirs below."""
+"""Shared fixtures: processes (none outlives the suite), environment, mock UE games."""
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from proc_tree import (
+    TEST_SESSION_ENV,
+    Deadline,
+    StartedProcesses,
+    carrying,
+    describe,
+    kill_all,
+    new_tag,
+)
+
+# ------------------------------------------------- processes: none outlives the suite
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Inherited by every process any test starts (see proc_tree.TEST_SESSION_ENV).
+    os.environ[TEST_SESSION_ENV] = new_tag()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session, naming them, if processes the tests started are still running
+    (they are then killed, by pid): a test or fixture did not stop what it started."""
+    tag = os.environ.get(TEST_SESSION_ENV)
+    if not tag:
+        return
+    deadline = time.monotonic() + 10  # what is stopping right now gets a moment
+    while (left := carrying(TEST_SESSION_ENV, tag)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not left:
+        return
+    names = [describe(p) for p in left]
+    unkillable = kill_all(left)
+    lines = [
+        f"{len(names)} process(es) the tests started were still running at the end of the "
+        "session (now killed):",
+        *(f"  {name}" for name in names),
+    ]
+    if unkillable:
+        lines.append(f"  and {len(unkillable)} survived SIGKILL")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        print("\n".join(lines), file=sys.stderr)
+    else:
+        reporter.write("\n")
+        reporter.write_sep("=", "processes left running", red=True, bold=True)
+        for line in lines:
+            reporter.write_line(line, red=True, bold=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def started() -> Iterator[StartedProcesses]:
+    """Start the test's processes with `started.popen(...)`: all are stopped when the test
+    ends, however it ends (failure, pytest-timeout, Ctrl-C)."""
+    with StartedProcesses() as owned:
+        yield owned
+
+
+@pytest.fixture(scope="module")
+def started_for_module() -> Iterator[StartedProcesses]:
+    """`started` for module-scoped fixtures: stopped after the module's last test."""
+    with StartedProcesses() as owned:
+        yield owned
+
+
+@pytest.fixture
+def deadline(request: pytest.FixtureRequest) -> Deadline:
+    """The test's own waits end before pytest-timeout would fail it."""
+    return Deadline.for_item(request.node, request.config)
+
+
+@pytest.fixture(scope="module")
+def module_deadline(request: pytest.FixtureRequest) -> Deadline:
+    """`deadline` for module-scoped fixtures: they are set up within the timeout of the
+    module's first test."""
+    return Deadline.for_item(request.node, request.config)
+
+
+# ------------------------------------------------------------------ environment
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proc_tree import TreeSampler
+from proc_tree import StartedProcesses, TreeSampler
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,8 +53,11 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, *, timeout_s: float)
     raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
 
 
-def start(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def start(
+    started: StartedProcesses, run_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """`uerl local ARGS`, owned by `started` (stopped with it)."""
+    return started.popen(
         uerl_local_argv(run_dir, *args),
         cwd=PROJECT_ROOT,
         env=env,
@@ -67,15 +70,26 @@ def start(run_dir: Path, *args: str, env: dict[str, str] | None = None) -> subpr
 def run_local(
     run_dir: Path, *args: str, timeout_s: float = 300, env: dict[str, str] | None = None
 ) -> LocalRun:
+    """`uerl local ARGS` to its end, stopped after `timeout_s` (give it one that ends before
+    pytest-timeout's, see `proc_tree.Deadline`). Whatever else ends this call early
+    (pytest-timeout, Ctrl-C), nothing it started is left running. After a normal exit
+    nothing is stopped here: what the run left running is the tests' to find."""
     started = time.monotonic()
-    proc = start(run_dir, *args, env=env)
-    with TreeSampler(proc.pid) as sampler:
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output, _ = proc.communicate()
-            raise AssertionError(f"uerl local did not finish in {timeout_s}s:\n{output}") from None
+    owned = StartedProcesses()
+    proc = start(owned, run_dir, *args, env=env)
+    try:
+        with TreeSampler(proc.pid) as sampler:
+            try:
+                output, _ = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                owned.stop()
+                output, _ = proc.communicate()
+                raise AssertionError(
+                    f"uerl local did not finish in {timeout_s:.0f}s:\n{output}"
+                ) from None
+    except BaseException:
+        owned.stop()
+        raise
     return LocalRun(
         proc.returncode,
         output,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from ray.rllib.utils.metrics import EPISODE_LEN_MEAN, NUM_EPISODES_LIFETIME
 
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.rllib.algorithm import AgentTypeMapping, build_ppo_config
@@ -127,6 +128,50 @@ def test_a_game_back_on_its_endpoint_with_other_spaces_is_an_error(mock_ue: Mock
         with pytest.raises(GameChangedError, match="different environments, agents or spaces"):
             runner.make_env()
         assert runner.env is None
+    finally:
+        runner.stop()
+
+
+class _NoSharedHealth:
+    """Stands in for Ray's GCS store (no Ray here): no other runner, none down."""
+
+    def publish(self, runner_index: int, down_since: float | None) -> None:
+        pass
+
+    def every_game_down_for(self, limit_s: float, *, now: float | None = None) -> bool:
+        return False
+
+
+def test_episodes_a_game_fault_cuts_are_dropped_never_counted_as_finished(
+    mock_ue: MockFactory,
+) -> None:
+    server = mock_ue("CartPole-v1")
+    connection = UEConnection(
+        url_template="127.0.0.1", port=server.port, startup_timeout_s=5, request_timeout_s=2
+    )
+    runner = _runner([server], connection, worker_index=1, num_env_runners=1)
+    runner._shared_health = _NoSharedHealth()  # type: ignore[assignment]
+    try:
+        # 5 steps of a CartPole episode (random actions last 8+ steps): cut in the middle.
+        (cut,) = runner.sample(num_timesteps=5, random_actions=True)
+        assert not cut.is_done and len(cut) == 5
+        server.stop(grace=0)
+        assert runner.sample(num_timesteps=5, random_actions=True) == []
+        assert not runner.game_health_state().healthy
+        mock_ue("CartPole-v1", port=server.port)  # the game is back on its endpoint
+        # By timesteps (not episodes, which would force a reset anyway).
+        after = runner.sample(num_timesteps=60, random_actions=True)
+        finished = [ep for ep in after if ep.is_done]
+        assert finished, [(ep.id_, len(ep)) for ep in after]
+        # The cut episode is not continued on the new session; every one after it
+        # starts from the new session's reset.
+        assert cut.id_ not in {ep.id_ for ep in after}
+        assert all(ep.env_t_started == 0 for ep in after)
+        # RLlib's finished-episode count and mean length are those episodes' alone.
+        metrics = runner.get_metrics()
+        assert metrics[NUM_EPISODES_LIFETIME].peek() == len(finished)
+        lengths = [len(ep) for ep in finished]
+        assert metrics[EPISODE_LEN_MEAN].peek() == pytest.approx(sum(lengths) / len(lengths))
     finally:
         runner.stop()
 

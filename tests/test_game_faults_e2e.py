@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from local_runs import PROJECT_ROOT, uerl_local_argv
-from proc_tree import TreeSampler
+from local_runs import run_local, start
+from proc_tree import Deadline, StartedProcesses, TreeSampler
 
 from training.local import processes
 
@@ -30,16 +30,15 @@ BACK_LINE = re.compile(r"game of env runner (\d+) \(.*\) is back")
 
 
 class LocalRunWatcher:
-    """Runs `uerl local`, keeps its output lines, finds its game processes by port."""
+    """Runs `uerl local` (owned by `started`: stopped with it, however the test ends),
+    keeps its output lines, finds its game processes by port. Every wait ends by
+    `deadline`, before pytest-timeout's."""
 
-    def __init__(self, run_dir: Path, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            uerl_local_argv(run_dir, *args),
-            cwd=PROJECT_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    def __init__(
+        self, started: StartedProcesses, deadline: Deadline, run_dir: Path, *args: str
+    ) -> None:
+        self.proc = start(started, run_dir, *args)
+        self.deadline = deadline
         self.lines: list[str] = []
         self.ports: dict[str, int] = {}
         self.iteration = 0
@@ -70,7 +69,7 @@ class LocalRunWatcher:
         raise LookupError(f"no live process for {name} (port {port})")
 
     def wait_iteration(self, n: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + self.deadline.left(timeout_s)
         while self.iteration < n:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"never reached iteration {n}:\n" + self.output)
@@ -82,9 +81,8 @@ class LocalRunWatcher:
 
     def finish(self, timeout_s: float) -> int:
         try:
-            code = self.proc.wait(timeout=timeout_s)
+            code = self.proc.wait(timeout=self.deadline.left(timeout_s))
         except subprocess.TimeoutExpired:
-            self.proc.kill()
             raise AssertionError("uerl local did not finish:\n" + self.output) from None
         self._reader.join(timeout=10)
         return code
@@ -110,10 +108,12 @@ def _retry_signal(watcher: LocalRunWatcher, name: str, sig: signal.Signals) -> p
 
 @pytest.mark.slow
 def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoints(
-    tmp_path: Path,
+    tmp_path: Path, started: StartedProcesses, deadline: Deadline
 ) -> None:
     iterations = 30
     run = LocalRunWatcher(
+        started,
+        deadline,
         tmp_path,
         "--workers", "3", "--iterations", str(iterations), "--checkpoint-every", "5",
         "--request-timeout", "2", "--seed", "0",
@@ -163,21 +163,22 @@ def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoin
         assert json.loads(stats[-1].read_text())["steps"] > 0, (name, stats)
     assert processes.alive(sampler.pids - {run.proc.pid}) == set()
     # The checkpoints load: resuming continues the same run.
-    resumed = subprocess.run(
-        [*uerl_local_argv(tmp_path, "--workers", "3", "--iterations", str(iterations + 1)),
-         "--resume"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+    resumed = run_local(
+        tmp_path, "--workers", "3", "--iterations", str(iterations + 1), "--resume",
+        timeout_s=deadline.left(),
     )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"resumed from {tmp_path / 'checkpoints'}" in resumed.stdout
-    assert re.search(rf"^iter\s+{iterations + 1} ", resumed.stdout, re.M), resumed.stdout
+    assert resumed.returncode == 0, resumed.output
+    assert f"resumed from {tmp_path / 'checkpoints'}" in resumed.output
+    assert re.search(rf"^iter\s+{iterations + 1} ", resumed.output, re.M), resumed.output
 
 
 @pytest.mark.slow
 def test_a_game_past_its_restart_cap_stops_training_with_a_final_checkpoint(
-    tmp_path: Path,
+    tmp_path: Path, started: StartedProcesses, deadline: Deadline
 ) -> None:
-    run = LocalRunWatcher(tmp_path, "--workers", "2", "--iterations", "50", "--game-restarts", "0")
+    run = LocalRunWatcher(
+        started, deadline, tmp_path, "--workers", "2", "--iterations", "50", "--game-restarts", "0"
+    )
     with TreeSampler(run.proc.pid) as sampler:
         run.wait_iteration(2, timeout_s=240)
         _retry_signal(run, "ue-1", signal.SIGKILL)
@@ -193,9 +194,11 @@ def test_a_game_past_its_restart_cap_stops_training_with_a_final_checkpoint(
 
 @pytest.mark.slow
 def test_no_game_answering_for_the_limit_stops_training_naming_every_game(
-    tmp_path: Path,
+    tmp_path: Path, started: StartedProcesses, deadline: Deadline
 ) -> None:
     run = LocalRunWatcher(
+        started,
+        deadline,
         tmp_path,
         "--workers", "2", "--iterations", "50", "--game-down-limit", "6",
         "--request-timeout", "2",

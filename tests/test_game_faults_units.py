@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import gymnasium as gym
+import pytest
+
+from infra.topology import Topology
+from training.local.endpoints import local_endpoints
 from training.local.restart_policy import RestartPolicy
 from training.protocol.errors import UEConnectionError
-from training.rllib.env_runner import _game_fault
+from training.protocol.game_spec import AgentSpec, GameSpec
+from training.rllib.algorithm import build_algo_config
+from training.rllib.env_runner import UEEnvRunner, _game_fault
 from training.rllib.game_health import GameHealth
 from training.run import metrics
 from training.run.runner_health import RunnerHealthBoard
@@ -126,6 +135,51 @@ def test_the_game_error_is_found_behind_rllibs_runtime_error() -> None:
     except RuntimeError as wrapped:
         assert _game_fault(wrapped) is cause
     assert _game_fault(ValueError("model bug")) is None
+
+
+# ------------------------------------------- runner actors that die (not their games)
+
+
+def _training_config() -> Any:
+    """The config `uerl train` builds for 2 workers and a CartPole-like game."""
+    topo = Topology.parse({"learners": {"replicas": 0}, "workers": {"replicas": 2}})
+    endpoints = local_endpoints(
+        topo, gcs_address="127.0.0.2:6379", client_port=10001, base_port=50000
+    )
+    agent = AgentSpec("cartpole", gym.spaces.Box(-1.0, 1.0, (4,)), gym.spaces.Discrete(2))
+    return build_algo_config(endpoints, GameSpec(num_envs=1, agents={"agent_0": agent}))
+
+
+def test_env_runner_actors_are_created_for_ray_to_restart_when_they_die(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+    from ray.rllib.env.env_runner_group import EnvRunnerGroup
+
+    # The arguments RLlib creates the runner actors with; no Ray cluster, no actor.
+    monkeypatch.setattr(ray, "put", lambda value: value)
+    group = EnvRunnerGroup(config=_training_config(), _setup=False)
+    # Ray restarts an actor whose process or node died up to max_restarts times.
+    assert group._remote_args["max_restarts"] == 1000
+    assert group._remote_args["resources"] == {"ue_worker": 1}
+
+
+def test_a_runner_whose_call_raised_exits_to_be_restarted_after_2_s_not_60(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ray.rllib.utils import actor_manager
+
+    slept: list[float] = []
+    monkeypatch.setattr(actor_manager.time, "sleep", slept.append)
+    runner = SimpleNamespace(config=_training_config())
+
+    def broken(_runner: Any) -> None:
+        raise RuntimeError("not a game fault: a bug in the runner")
+
+    # RLlib's own `apply` (UEEnvRunner keeps it): wait, then exit for Ray to restart it.
+    with pytest.raises(SystemExit):
+        UEEnvRunner.apply(runner, broken)  # type: ignore[arg-type]
+    assert slept == [2.0]
 
 
 def test_csv_without_runner_columns_still_reads(tmp_path: Path) -> None:

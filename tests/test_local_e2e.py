@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from local_runs import LocalRun, run_local, start, wait_for_line
-from proc_tree import TreeSampler, survivors
+from proc_tree import StartedProcesses, TreeSampler, survivors
 
 ITERATIONS = 3
 
@@ -104,9 +104,10 @@ def test_leaves_no_process_behind(local_run: LocalRun) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_during_training_stops_cleanly_with_a_final_checkpoint(
-    tmp_path: Path, sig: signal.Signals
+    tmp_path: Path, sig: signal.Signals, started: StartedProcesses
 ) -> None:
     proc = start(
+        started,
         tmp_path,
         "--workers",
         "2",
@@ -122,30 +123,24 @@ def test_signal_during_training_stops_cleanly_with_a_final_checkpoint(
         "100",
     )
     with TreeSampler(proc.pid) as sampler:
-        try:
-            seen = wait_for_line(proc, "iter    1 |", timeout_s=180)
-            os.kill(proc.pid, sig)
-            rest, _ = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        seen = wait_for_line(proc, "iter    1 |", timeout_s=180)
+        os.kill(proc.pid, sig)
+        rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, seen + rest
     latest = (tmp_path / "checkpoints" / "latest").read_text()
     assert (tmp_path / "checkpoints" / latest).is_dir()
     assert survivors(sampler.pids - {proc.pid}) == set()
 
 
-def test_signal_during_startup_stops_everything_started_so_far(tmp_path: Path) -> None:
-    proc = start(tmp_path, "--workers", "2", "--learners", "1", "--iterations", "100")
+def test_signal_during_startup_stops_everything_started_so_far(
+    tmp_path: Path, started: StartedProcesses
+) -> None:
+    proc = start(started, tmp_path, "--workers", "2", "--learners", "1", "--iterations", "100")
     with TreeSampler(proc.pid, interval_s=0.1) as sampler:
-        try:
-            seen = wait_for_line(proc, "logs in", timeout_s=60)
-            time.sleep(2)  # nodes and games are starting
-            os.kill(proc.pid, signal.SIGTERM)
-            rest, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        seen = wait_for_line(proc, "logs in", timeout_s=60)
+        time.sleep(2)  # nodes and games are starting
+        os.kill(proc.pid, signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, seen + rest
     assert len(sampler.pids) > 1
     assert survivors(sampler.pids - {proc.pid}) == set()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from local_runs import PROJECT_ROOT, wait_for_line
+from proc_tree import Deadline, StartedProcesses
 
 pytestmark = pytest.mark.slow
 
@@ -54,20 +55,32 @@ def ray_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[s
 
 
 def uerl(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "training.cli", *args],
-        cwd=PROJECT_ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    """`uerl ARGS`; killed after `timeout_s`, then returned as killed (-SIGKILL)."""
+    argv = [sys.executable, "-m", "training.cli", *args]
+    try:
+        return subprocess.run(
+            argv,
+            cwd=PROJECT_ROOT,
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        err += f"\n(killed after {timeout_s}s)"
+        return subprocess.CompletedProcess(argv, -signal.SIGKILL, out, err)
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory,
+    started_for_module: StartedProcesses,
+    module_deadline: Deadline,
+) -> Iterator[Served]:
     run_dir = tmp_path_factory.mktemp("serve")
-    proc = subprocess.Popen(
+    proc = started_for_module.popen(
         [sys.executable, "-m", "training.cli", "local", "serve", "--workers", "2",
          "--learners", "0", "--run-dir", str(run_dir)],
         cwd=PROJECT_ROOT,
@@ -75,18 +88,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         stderr=subprocess.STDOUT,
         text=True,
     )  # fmt: skip
-    try:
-        wait_for_line(proc, "Ctrl-C stops everything", timeout_s=180)
-        endpoints_file = run_dir / "endpoints.json"
-        url = json.loads(endpoints_file.read_text())["ray"]["dashboard_url"]
-        yield Served(proc, run_dir, endpoints_file, url)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+    # Stopped (SIGTERM, then SIGKILL of its whole tree) by `started_for_module`.
+    wait_for_line(proc, "Ctrl-C stops everything", timeout_s=module_deadline.left(180))
+    endpoints_file = run_dir / "endpoints.json"
+    url = json.loads(endpoints_file.read_text())["ray"]["dashboard_url"]
+    yield Served(proc, run_dir, endpoints_file, url)
 
 
 def job_status(served: Served) -> str:
@@ -108,10 +114,13 @@ class JobRun:
     status: str
     train_dir: Path
     eval_while_training: subprocess.CompletedProcess[str]
+    client_eval_while_training: subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")
-def job(served: Served, tmp_path_factory: pytest.TempPathFactory) -> JobRun:
+def job(
+    served: Served, tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline
+) -> JobRun:
     train_dir = tmp_path_factory.mktemp("job") / "train"
     submitted = ray_cli(
         "job", "submit", "--address", served.dashboard_url, "--submission-id", JOB_ID,
@@ -121,7 +130,7 @@ def job(served: Served, tmp_path_factory: pytest.TempPathFactory) -> JobRun:
         "--train-batch-size", "500", "--minibatch-size", "100",
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + module_deadline.left(240)
     while not (train_dir / "checkpoints" / "latest").is_file():
         assert time.monotonic() < deadline, job_logs(served)
         assert job_status(served) in ("RUNNING", "PENDING"), job_logs(served)
@@ -131,17 +140,30 @@ def job(served: Served, tmp_path_factory: pytest.TempPathFactory) -> JobRun:
         "eval", "--endpoints", str(served.endpoints_file),
         "--checkpoint", str(train_dir / "checkpoints"), "--episodes", "2",
         "--preflight-timeout", "20", "--output", str(train_dir / "refused.json"),
+        timeout_s=module_deadline.left(300),
+    )  # fmt: skip
+    # The same through Ray Client (`ray://`), where the driver sees no per-node usage.
+    client_address = json.loads(served.endpoints_file.read_text())["ray"]["client_address"]
+    refused_via_client = uerl(
+        "eval", "--endpoints", str(served.endpoints_file), "--ray-address", client_address,
+        "--checkpoint", str(train_dir / "checkpoints"), "--episodes", "2",
+        "--preflight-timeout", "20", "--timeout", "60",
+        "--output", str(train_dir / "refused-client.json"),
+        timeout_s=module_deadline.left(150),
     )  # fmt: skip
     assert job_status(served) == "RUNNING", job_logs(served)
-    stopped = ray_cli("job", "stop", "--address", served.dashboard_url, JOB_ID, timeout_s=180)
+    stopped = ray_cli(
+        "job", "stop", "--address", served.dashboard_url, JOB_ID,
+        timeout_s=module_deadline.left(180),
+    )  # fmt: skip
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + module_deadline.left(120)
     while (status := job_status(served)) in ("RUNNING", "PENDING"):
         assert time.monotonic() < deadline
         time.sleep(2)
     logs = job_logs(served)
     print(f"\n--- ray job logs {JOB_ID} ---\n{logs}")
-    return JobRun(logs, status, train_dir, refused)
+    return JobRun(logs, status, train_dir, refused, refused_via_client)
 
 
 def test_the_job_finds_its_endpoints_and_prints_progress_lines(job: JobRun) -> None:
@@ -172,6 +194,13 @@ def test_eval_is_refused_while_the_job_holds_the_games(job: JobRun) -> None:
     refused = job.eval_while_training
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "the games are in use" in refused.stderr
+    assert "hold 2 of 2 unit(s) of 'ue_worker'" in refused.stderr
+
+
+def test_eval_through_ray_client_is_refused_while_the_job_holds_the_games(job: JobRun) -> None:
+    refused = job.client_eval_while_training
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "the games are in use" in refused.stderr, refused.stdout + refused.stderr
     assert "hold 2 of 2 unit(s) of 'ue_worker'" in refused.stderr
 
 

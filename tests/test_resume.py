@@ -26,10 +26,11 @@ SMALL = (
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, str]], LocalRun]:
     """(the first run's metrics rows, the resumed run)."""
     run_dir = tmp_path_factory.mktemp("resume")
-    first = run_local(run_dir, *SMALL, "--iterations", "2")
+    # Both runs within the first test's pytest-timeout (600 s), with room to stop.
+    first = run_local(run_dir, *SMALL, "--iterations", "2", timeout_s=240)
     assert first.returncode == 0, first.output
     first_rows = _rows(first)
-    second = run_local(run_dir, *SMALL, "--iterations", "4", "--resume")
+    second = run_local(run_dir, *SMALL, "--iterations", "4", "--resume", timeout_s=240)
     return first_rows, second
 
 

@@ -117,15 +117,36 @@ def connect_ray(
     ray.init(address=address, **kwargs)
 
 
-def node_rooms(resource: str) -> list[NodeRoom]:
-    """Available resources per alive node (falls back to totals if Ray has no usage yet)."""
+def node_rooms(resource: str, *, timeout_s: float = 30.0) -> list[NodeRoom]:
+    """Available resources per alive node, as the GCS sees them now.
+
+    A Ray Client driver (`ray://`) has no view of per-node usage (no state accessor),
+    and node totals would hide another run's env runners: there the same query runs
+    as a task on the cluster (0 CPU: it needs no room and takes none).
+    """
+    import ray
+
+    if not ray.util.client.ray.is_connected():
+        return _node_rooms_here(resource)
+    task = ray.remote(_node_rooms_here).options(num_cpus=0, max_retries=0)
+    ref = task.remote(resource)
+    try:
+        rooms: list[NodeRoom] = ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.cancel(ref, force=True)
+        raise PreflightError(
+            f"the cluster did not report its nodes' available resources within "
+            f"{timeout_s:g}s (asked by a Ray task, as this driver uses Ray Client)"
+        ) from None
+    return rooms
+
+
+def _node_rooms_here(resource: str) -> list[NodeRoom]:
+    """`node_rooms` in a process connected to the GCS (a driver or a Ray worker)."""
     import ray
     from ray._private import state
 
-    try:
-        available: dict[str, dict[str, Any]] = state.available_resources_per_node()
-    except Exception:  # Ray client mode has no state accessor: use node totals
-        available = {}
+    available: dict[str, dict[str, Any]] = state.available_resources_per_node()
     rooms = []
     for node in ray.nodes():
         if not node.get("Alive"):
@@ -274,7 +295,7 @@ def preflight(
     start = time.monotonic()
     address = ray_address or endpoints.ray.gcs_address
     connect_ray(address, timeout_s=timeout_s, runtime_env=runtime_env)
-    rooms = node_rooms(endpoints.custom_resource)
+    rooms = node_rooms(endpoints.custom_resource, timeout_s=timeout_s)
     placement = check_resources(endpoints, rooms)
     remaining = max(1.0, timeout_s - (time.monotonic() - start))
     check_discovery(endpoints, timeout_s=remaining)
