@@ -447,7 +447,7 @@ class ControlPlane:
             for crd in json.loads(result.stdout)["items"]
             if any(
                 c["type"] == "Established" and c["status"] == "True"
-                for c in crd.get("status", {}).get("conditions", [])
+                for c in (crd.get("status") or {}).get("conditions") or []
             )
         }
         return established >= KUBERAY_CRD_NAMES

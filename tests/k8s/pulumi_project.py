@@ -166,7 +166,7 @@ class PulumiProject:
         self.run("config", "set", "--path", path, "--", value, stack=stack)
 
     def up(self, stack: str, *args: str, **kwargs: Any) -> Result:
-        return self.run("up", "--yes", "--skip-preview", *args, stack=stack, **kwargs)
+        return self.run("up", "--yes", *args, stack=stack, **kwargs)
 
     def preview_json(self, stack: str, *args: str, **kwargs: Any) -> dict[str, Any]:
         """`pulumi preview --json`: the steps the engine would take."""

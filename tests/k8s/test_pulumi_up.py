@@ -171,7 +171,7 @@ def test_a_rescale_updates_only_the_worker_count_and_keeps_the_pods(
     assert cluster_diff, steps[CLUSTER]
     assert all(k.startswith(workers) and k.lower().endswith("replicas") for k in cluster_diff)
     endpoints_diff = set(steps[f"{CLUSTER}-endpoints"].get("detailedDiff") or {})
-    assert endpoints_diff <= {"data", "data.endpoints.json"}, endpoints_diff
+    assert endpoints_diff <= {"data", 'data["endpoints.json"]'}, endpoints_diff
 
     up(project, cp)
     after = ray_pods(cp)
