@@ -35,12 +35,12 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -ra -m "not k8s" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=15 -m "not k8s" $(PYTEST_ARGS)
 
 # Builds what is missing (cached outside the work tree), then runs the tier.
 e2e: $(STAMP)
 	bash tests/k8s/build/build.sh
-	$(BIN)/python -m pytest -ra -m k8s tests/k8s $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=15 -m k8s tests/k8s $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/uerl bench $(ARGS)
