@@ -11,6 +11,7 @@ from stacks import WORKLOADS, deploy_and_wait
 
 pytestmark = pytest.mark.k8s
 
+
 def test_kwok_node_is_ready(control_plane: ControlPlane) -> None:
     version = json.loads(control_plane.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == pinned_versions()["kubernetes"]
