@@ -23,7 +23,8 @@ from controlplane import KUBERAY_CHART_DIR, KUBERAY_CRD_NAMES, KUBERAY_CRDS_DIR,
 from pulumi_project import PulumiProject
 from stacks import running_and_ready
 
-pytestmark = pytest.mark.k8s
+# Each scenario runs several real `pulumi` commands of one to two minutes each here.
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
 
 UERL = Path(sys.executable).parent / "uerl"
 NAMESPACE = "uerl"  # the dev stack's (topology defaults)
@@ -57,7 +58,8 @@ def operator_follows_chart(cp: ControlPlane) -> Callable[[], None]:
 
 
 def up(project: PulumiProject, cp: ControlPlane, stack: str = "dev", **kwargs: Any) -> Any:
-    return project.up(stack, during=operator_follows_chart(cp), **kwargs)
+    """`pulumi up --yes --skip-preview` (the first scenario runs the preview too)."""
+    return project.up(stack, "--skip-preview", during=operator_follows_chart(cp), **kwargs)
 
 
 def ray_pods(cp: ControlPlane, name: str = CLUSTER, ns: str = NAMESPACE) -> list[dict[str, Any]]:
@@ -123,7 +125,7 @@ def test_up_creates_the_stack_and_returns_once_the_raycluster_is_ready(
     assert not cp.crds_established()  # the chart brings them
     project.new_stack("dev", {"topology.operator.chart_path": str(KUBERAY_CHART_DIR)})
 
-    result = up(project, cp)
+    result = project.up("dev", during=operator_follows_chart(cp))  # with its preview
 
     # `up` waited: the RayCluster is ready the moment it returns, every Ray pod up.
     assert raycluster(cp)["status"]["state"] == "ready", result.output
