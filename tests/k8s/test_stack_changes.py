@@ -84,9 +84,10 @@ def test_sidecar_games_run_as_native_sidecars_in_the_operators_pods(
         assert spec["containers"][0]["name"] == "ray-worker"  # KubeRay's Ray container
         game = next(c for c in spec["initContainers"] if c["name"] == "ue")
         assert game["restartPolicy"] == "Always" and "startupProbe" in game
-        # The game comes before KubeRay's own init container, so it starts first.
+        # The game comes before the init container KubeRay injects (its wait for the
+        # head's GCS, on by default), so it starts first.
         names = [c["name"] for c in spec["initContainers"]]
-        assert names.index("ue") < len(names) - 1 or names == ["ue"], names
+        assert names == ["ue", "wait-gcs-ready"], names
         assert spec.get("restartPolicy", "Always") == "Always"
 
 
