@@ -79,6 +79,20 @@ def groups_ready(pods: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
+def recreated_as(cp: ControlPlane, check: Callable[[list[dict[str, Any]]], bool]) -> None:
+    """After a pod-template change `up` returns once the RayCluster is updated and
+    ready; KubeRay's Recreate then replaces the pods. Wait (bounded) until the Ray
+    pods pass `check`, every group back to its size, all Running and Ready."""
+    sizes = {"headgroup": 1, "learners": 1}
+
+    def done() -> bool:
+        pods = [p for p in ray_pods(cp) if not p["metadata"].get("deletionTimestamp")]
+        want = sizes | {"workers": raycluster(cp)["spec"]["workerGroupSpecs"][1]["replicas"]}
+        return bool(pods) and check(pods) and groups_ready(pods) == want
+
+    cp.wait_until(done, 180, "the Ray pods recreated, every one Running and Ready")
+
+
 def raycluster(cp: ControlPlane, name: str = CLUSTER, ns: str = NAMESPACE) -> dict[str, Any]:
     return dict(cp.get_json("raycluster", "-n", ns, name))
 
@@ -195,8 +209,8 @@ def test_switching_to_networked_and_back_recreates_the_pods_and_the_games(
 
     project.config_set("dev", "topology.pattern", "networked")
     up(project, cp)
+    recreated_as(cp, lambda pods: not uids(pods) & sidecar_pods)
     networked = ray_pods(cp)
-    assert not uids(networked) & sidecar_pods
     statefulset = cp.get_json("statefulset", "-n", NAMESPACE, game_set)
     assert statefulset["status"].get("readyReplicas") == statefulset["spec"]["replicas"] == 4
     assert cp.get_json("service", "-n", NAMESPACE, game_set)["spec"]["clusterIP"] == "None"
@@ -207,7 +221,7 @@ def test_switching_to_networked_and_back_recreates_the_pods_and_the_games(
 
     project.config_set("dev", "topology.pattern", "sidecar")
     up(project, cp)
-    assert not uids(ray_pods(cp)) & uids(networked)
+    recreated_as(cp, lambda pods: not uids(pods) & uids(networked))
     for kind in ("statefulset", "service"):
         gone = cp.kubectl("get", kind, "-n", NAMESPACE, game_set, check=False)
         assert gone.returncode != 0 and "NotFound" in gone.stderr
@@ -229,10 +243,13 @@ def test_a_new_ray_image_recreates_every_ray_pod(
     before = ray_pods(cp)
     project.config_set("dev", "topology.ray.image", "uerl/ray:next")
     up(project, cp)
-    after = ray_pods(cp)
-    assert not uids(after) & uids(before)
-    assert groups_ready(after) == groups_ready(before)
-    assert {p["spec"]["containers"][0]["image"] for p in after} == {"uerl/ray:next"}
+    recreated_as(
+        cp,
+        lambda pods: (
+            not uids(pods) & uids(before)
+            and {p["spec"]["containers"][0]["image"] for p in pods} == {"uerl/ray:next"}
+        ),
+    )
 
 
 # ---- 7. two stacks in one namespace ---------------------------------------------------------
