@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -252,46 +251,6 @@ def test_a_new_ray_image_recreates_every_ray_pod(
     )
 
 
-# ---- 7. two stacks in one namespace ---------------------------------------------------------
-
-
-def test_two_stacks_share_a_namespace_and_destroying_one_leaves_the_other(
-    project: PulumiProject, bare_control_plane: ControlPlane
-) -> None:
-    cp = bare_control_plane
-
-    def dev_state() -> dict[str, str]:
-        kinds = "raycluster,configmap,pods,services"
-        items = cp.get_json(kinds, "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={CLUSTER}")
-        return {
-            f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["resourceVersion"]
-            for o in items["items"]
-        }
-
-    before = dev_state()
-    project.new_stack(
-        "second",
-        {
-            "topology.name": "second",
-            "topology.namespace": NAMESPACE,
-            "topology.create_namespace": "false",  # the dev stack's
-            "topology.operator.install": "false",  # the dev stack's operator serves both
-            "topology.simulator.kind": "mock",
-            "topology.workers.replicas": "1",
-        },
-    )
-    up(project, cp, "second")
-    assert groups_ready(ray_pods(cp, "second")) == {"headgroup": 1, "learners": 1, "workers": 1}
-    assert project.outputs("second")["endpoints"]["cluster_name"] == "second"
-
-    project.run("destroy", "--yes", stack="second", during=operator_follows_chart(cp))
-    assert cp.get_json("raycluster", "-n", NAMESPACE)["items"][0]["metadata"]["name"] == CLUSTER
-    leftover = cp.get_json("all", "-n", NAMESPACE, "-l", "app.kubernetes.io/instance=second")
-    assert leftover["items"] == []
-    assert dev_state() == before  # not one object of the dev stack touched
-    project.run("stack", "rm", "--yes", stack="second")
-
-
 # ---- 8. bad input -------------------------------------------------------------------------
 
 
@@ -334,39 +293,6 @@ def test_bad_config_fails_preview_with_one_line_naming_the_field_and_changes_not
         stack_file.write_text(original)
     assert raycluster(cp)["metadata"]["resourceVersion"] == version
     project.run("preview", "--expect-no-changes", stack="dev")
-
-
-# ---- 9. a head that can never be ready ------------------------------------------------------
-
-
-def test_up_fails_within_the_timeout_naming_the_raycluster_whose_head_never_gets_ready(
-    project: PulumiProject, bare_control_plane: ControlPlane
-) -> None:
-    cp = bare_control_plane
-    project.new_stack(
-        "stuck",
-        {
-            "topology.name": "stuck",
-            "topology.namespace": "uerl-stuck",
-            "topology.operator.install": "false",
-            "topology.simulator.kind": "mock",
-            "topology.pattern": "networked",
-            "topology.ray.head.cpus": "1000",  # no node has that
-            "topology.image_pull_timeout_s": "0",
-            "topology.ray.start_timeout_s": "20",
-        },
-    )
-    start = time.monotonic()
-    result = up(project, cp, "stuck", check=False)
-    elapsed = time.monotonic() - start
-    assert result.returncode != 0
-    assert "kubernetes:ray.io/v1:RayCluster" in result.output and "stuck" in result.output
-    assert "HeadPodReady" in result.output or "timed out" in result.output.lower(), result.output
-    assert elapsed < 20 + 90, f"{elapsed:.0f}s"  # the timeout, plus the rest of the stack
-    head = cp.get_json("pods", "-n", "uerl-stuck", "-l", "ray.io/node-type=head")["items"]
-    assert head and head[0]["status"]["phase"] == "Pending"
-    project.run("destroy", "--yes", stack="stuck", during=operator_follows_chart(cp))
-    project.run("stack", "rm", "--yes", stack="stuck")
 
 
 # ---- 5. destroy -----------------------------------------------------------------------------
