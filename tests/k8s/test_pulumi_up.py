@@ -211,7 +211,8 @@ def test_switching_to_networked_and_back_recreates_the_pods_and_the_games(
     recreated_as(cp, lambda pods: not uids(pods) & sidecar_pods)
     networked = ray_pods(cp)
     statefulset = cp.get_json("statefulset", "-n", NAMESPACE, game_set)
-    assert statefulset["status"].get("readyReplicas") == statefulset["spec"]["replicas"] == 4
+    games = project.outputs("dev")["endpoints"]["num_env_runners"] + 1  # + discovery
+    assert statefulset["status"].get("readyReplicas") == statefulset["spec"]["replicas"] == games
     assert cp.get_json("service", "-n", NAMESPACE, game_set)["spec"]["clusterIP"] == "None"
     endpoints = project.outputs("dev")["endpoints"]
     assert endpoints == configmap_endpoints(cp)
