@@ -445,10 +445,7 @@ class ControlPlane:
         established = {
             crd["metadata"]["name"]
             for crd in json.loads(result.stdout)["items"]
-            if any(
-                c["type"] == "Established" and c["status"] == "True"
-                for c in (crd.get("status") or {}).get("conditions") or []
-            )
+            if _condition_true(crd, "Established")
         }
         return established >= KUBERAY_CRD_NAMES
 
@@ -652,16 +649,19 @@ class ControlPlane:
         ready = {
             item["metadata"]["name"]
             for item in json.loads(result.stdout)["items"]
-            if any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in item.get("status", {}).get("conditions", [])
-            )
+            if _condition_true(item, "Ready")
             and not any(
                 t["key"].startswith("node.kubernetes.io/")
                 for t in item.get("spec", {}).get("taints", [])
             )
         }
         return all(node.name in ready for node in self.nodes)
+
+
+def _condition_true(obj: dict[str, Any], kind: str) -> bool:
+    """Whether the object's status has condition `kind` with status "True"."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c["type"] == kind and c["status"] == "True" for c in conditions)
 
 
 def _as_list(objects: Sequence[dict[str, Any]]) -> str:
