@@ -33,9 +33,14 @@ local: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Three pytest-xdist workers: most of a Ray test's time is waiting (nodes, games, RPCs),
+# so three share two cores well; tests sharing a module-scoped fixture stay on one
+# worker, longest modules first (tests/conftest.py). `PYTEST_XDIST=` runs in one process.
+PYTEST_XDIST ?= -n 3 --dist loadgroup --no-loadscope-reorder
+
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -ra --durations=15 -m "not k8s" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=15 -m "not k8s" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # Builds what is missing (cached outside the work tree), then runs the tier.
 e2e: $(STAMP)

@@ -22,23 +22,49 @@ from proc_tree import (
 
 # ------------------------------------------------- processes: none outlives the suite
 
+# Under pytest-xdist each worker checks its own processes at its end and hands what it
+# found to the controller (its `workeroutput`), which reports them and fails the run.
+LEFTOVERS_KEY = "uerl_leftover_processes"
+_worker_leftovers = pytest.StashKey[list[str]]()
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    # xdist's own test for a distributed run (xdist.plugin._is_distribution_mode).
+    return (
+        not hasattr(config, "workerinput")
+        and config.getoption("dist", "no") != "no"
+        and bool(config.getoption("tx", None))
+    )
+
 
 def pytest_configure(config: pytest.Config) -> None:
-    # Inherited by every process any test starts (see proc_tree.TEST_SESSION_ENV).
-    os.environ[TEST_SESSION_ENV] = new_tag()
+    # Inherited by every process any test starts (see proc_tree.TEST_SESSION_ENV). An
+    # xdist controller runs no test: only its workers get a tag, each its own, so that
+    # one worker's check never finds another's running processes (nor the workers).
+    if _is_xdist_controller(config):
+        os.environ.pop(TEST_SESSION_ENV, None)
+        config.stash[_worker_leftovers] = []
+    else:
+        os.environ[TEST_SESSION_ENV] = new_tag()
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the session, naming them, if processes the tests started are still running
-    (they are then killed, by pid): a test or fixture did not stop what it started."""
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: collect what a finished worker found left running."""
+    lines = getattr(node, "workeroutput", {}).get(LEFTOVERS_KEY, [])
+    node.config.stash[_worker_leftovers].extend(lines)
+
+
+def _stop_leftovers() -> list[str]:
+    """Processes this session's tests started that still run (now killed), described."""
     tag = os.environ.get(TEST_SESSION_ENV)
     if not tag:
-        return
+        return []
     deadline = time.monotonic() + 10  # what is stopping right now gets a moment
     while (left := carrying(TEST_SESSION_ENV, tag)) and time.monotonic() < deadline:
         time.sleep(0.5)
     if not left:
-        return
+        return []
     names = [describe(p) for p in left]
     unkillable = kill_all(left)
     lines = [
@@ -48,6 +74,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     ]
     if unkillable:
         lines.append(f"  and {len(unkillable)} survived SIGKILL")
+    return lines
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session, naming them, if processes the tests started are still running
+    (they are then killed, by pid): a test or fixture did not stop what it started."""
+    lines = _stop_leftovers()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports and fails
+        workeroutput[LEFTOVERS_KEY] = lines
+        return
+    lines += session.config.stash.get(_worker_leftovers, [])
+    if not lines:
+        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         print("\n".join(lines), file=sys.stderr)
@@ -57,6 +97,59 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for line in lines:
             reporter.write_line(line, red=True, bold=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------- order and grouping for pytest-xdist
+
+# `make test` runs the suite on pytest-xdist workers (`--dist loadgroup`), which take
+# tests in collection order. These modules take longest (each test a real `uerl local`
+# run or Ray cluster, see README's Tests), longest first: started first, they end
+# while the workers go through the quick tests, instead of one of them starting last.
+LONGEST_FIRST = (
+    "test_game_faults_e2e.py",
+    "test_ray_jobs.py",
+    "test_local_e2e.py",
+    "test_resume.py",
+    "test_eval_e2e.py",
+    "test_learning.py",
+    "test_console.py",
+    "test_algos.py",
+    "test_game_faults_cluster.py",
+    "test_ppo_mock.py",
+    "test_local_cluster.py",
+    "test_export.py",
+    "test_preflight.py",
+    "test_driver_build.py",
+)
+
+
+def _module_fixture_group(item: pytest.Item) -> str | None:
+    """`<module>[<params>]` for a test using a module-scoped fixture, else None.
+
+    Tests sharing a module-scoped fixture (a cluster, a trained run) run on one worker,
+    so it is set up once; one group per parameter of a parametrized one."""
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    if fixtureinfo is None:
+        return None
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    names = [
+        name
+        for name in item.fixturenames
+        if (defs := fixtureinfo.name2fixturedefs.get(name)) and defs[-1].scope == "module"
+    ]
+    if not names:
+        return None
+    ids = [f"{name}={params[name]}" for name in sorted(names) if name in params]
+    return item.path.name + (f"[{','.join(ids)}]" if ids else "")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    # A stable sort by module keeps each module's tests together and in pytest's order.
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    for item in items:
+        if (group := _module_fixture_group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture

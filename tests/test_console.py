@@ -212,7 +212,9 @@ def test_an_env_runner_that_cannot_start_shows_its_error_on_the_console(
 def test_a_training_run_prints_none_of_rays_routine_lines_and_logs_them(tmp_path: Path) -> None:
     from local_runs import run_local
 
-    run = run_local(tmp_path, "--iterations", "1")
+    run = run_local(
+        tmp_path, "--iterations", "1", "--train-batch-size", "500", "--minibatch-size", "100"
+    )
     assert run.returncode == 0, run.output
     shown = [noise for noise in ROUTINE_NOISE if noise in run.output]
     assert shown == [], run.output

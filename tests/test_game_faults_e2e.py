@@ -27,6 +27,9 @@ GAMES_LINE = re.compile(r"games (.*) \(up in")
 ITER_LINE = re.compile(r"^iter\s+(\d+) .*\| runners (\d+)/(\d+)(?:, (\d+) unknown)?$")
 FAULT_LINE = re.compile(r"game of env runner (\d+) \(.*\) failed")
 BACK_LINE = re.compile(r"game of env runner (\d+) \(.*\) is back")
+# Iterations of 500 env steps where a test only needs the run to be going: training's
+# defaults (2,000 per iteration) would only make it wait longer for the same iteration.
+SMALL_BATCH = ("--train-batch-size", "500", "--minibatch-size", "100")
 
 
 class LocalRunWatcher:
@@ -106,6 +109,11 @@ def _retry_signal(watcher: LocalRunWatcher, name: str, sig: signal.Signals) -> p
             time.sleep(0.2)
 
 
+# Half of training's default batch: the five SIGSTOPs (about 23 s in all) must still end
+# well before iteration 28 while the other runners keep iterating.
+TEN_FAULTS_BATCH = ("--train-batch-size", "1000")
+
+
 @pytest.mark.slow
 def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoints(
     tmp_path: Path, started: StartedProcesses, deadline: Deadline
@@ -116,7 +124,7 @@ def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoin
         deadline,
         tmp_path,
         "--workers", "3", "--iterations", str(iterations), "--checkpoint-every", "5",
-        "--request-timeout", "2", "--seed", "0",
+        "--request-timeout", "2", "--seed", "0", *TEN_FAULTS_BATCH,
     )  # fmt: skip
     rng = random.Random(7)
     # Faults follow the run's progress lines, one or two iterations apart from iteration
@@ -165,7 +173,7 @@ def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoin
     # The checkpoints load: resuming continues the same run.
     resumed = run_local(
         tmp_path, "--workers", "3", "--iterations", str(iterations + 1), "--resume",
-        timeout_s=deadline.left(),
+        *TEN_FAULTS_BATCH, timeout_s=deadline.left(),
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.output
     assert f"resumed from {tmp_path / 'checkpoints'}" in resumed.output
@@ -177,8 +185,9 @@ def test_a_game_past_its_restart_cap_stops_training_with_a_final_checkpoint(
     tmp_path: Path, started: StartedProcesses, deadline: Deadline
 ) -> None:
     run = LocalRunWatcher(
-        started, deadline, tmp_path, "--workers", "2", "--iterations", "50", "--game-restarts", "0"
-    )
+        started, deadline, tmp_path, "--workers", "2", "--iterations", "50", "--game-restarts", "0",
+        *SMALL_BATCH,
+    )  # fmt: skip
     with TreeSampler(run.proc.pid) as sampler:
         run.wait_iteration(2, timeout_s=240)
         _retry_signal(run, "ue-1", signal.SIGKILL)
@@ -201,7 +210,7 @@ def test_no_game_answering_for_the_limit_stops_training_naming_every_game(
         deadline,
         tmp_path,
         "--workers", "2", "--iterations", "50", "--game-down-limit", "6",
-        "--request-timeout", "2",
+        "--request-timeout", "2", *SMALL_BATCH,
     )  # fmt: skip
     stopped: list[psutil.Process] = []
     try:

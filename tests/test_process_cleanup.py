@@ -48,13 +48,13 @@ def test_starts_a_process_nobody_stops():
 
 
 def nested_pytest(
-    started: StartedProcesses, tmp_path: Path, source: str, probe: str
+    started: StartedProcesses, tmp_path: Path, source: str, probe: str, *args: str
 ) -> tuple[int, str]:
     (tmp_path / "test_nested.py").write_text(textwrap.dedent(source))
     env = {**os.environ, PROBE_ENV: probe, "PYTHONPATH": str(TESTS_DIR)}
     proc = started.popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
-         "test_nested.py"],
+         *args, "test_nested.py"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     output, _ = proc.communicate(timeout=240)
@@ -81,6 +81,21 @@ def test_a_process_left_running_fails_the_session_naming_it(
     probe = new_tag()
     code, output = nested_pytest(started, tmp_path, LEAKS_A_PROCESS, probe)
     # The test itself passed; the session did not.
+    assert "1 passed" in output and code == 1, output
+    assert "1 process(es) the tests started were still running at the end of the session" in (
+        output
+    )
+    assert "# leaked on purpose" in output
+    assert carrying(PROBE_ENV, probe) == []
+
+
+def test_a_process_left_running_under_xdist_fails_the_session_naming_it(
+    started: StartedProcesses, tmp_path: Path
+) -> None:
+    # `make test` runs the suite on xdist workers: each checks its own processes at its
+    # end, and the controller fails the run with what they found.
+    probe = new_tag()
+    code, output = nested_pytest(started, tmp_path, LEAKS_A_PROCESS, probe, "-n", "2")
     assert "1 passed" in output and code == 1, output
     assert "1 process(es) the tests started were still running at the end of the session" in (
         output
