@@ -33,10 +33,11 @@ local: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# Three pytest-xdist workers: most of a Ray test's time is waiting (nodes, games, RPCs),
-# so three share two cores well; tests sharing a module-scoped fixture stay on one
-# worker, longest modules first (tests/conftest.py). `PYTEST_XDIST=` runs in one process.
-PYTEST_XDIST ?= -n 3 --dist loadgroup --no-loadscope-reorder
+# Two pytest-xdist workers: part of a Ray test's time is waiting (nodes, games, RPCs), so
+# two share two cores well (three overload them: nodes then miss Ray's 30 s start limit);
+# tests sharing a module-scoped fixture stay on one worker, longest modules first
+# (tests/conftest.py). `PYTEST_XDIST=` runs the suite in one process.
+PYTEST_XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -14,11 +14,9 @@ import math
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -61,21 +59,6 @@ def _drive_with_node_settings() -> None:
         from ray._raylet import Config
 
         Config.initialize("")
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:  # not created yet
-        return ""
-
-
-def _accepts(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
 
 
 class LocalClusterError(RuntimeError):
@@ -175,13 +158,11 @@ class LocalRayCluster(processes.StartedGroup):
         deadline = time.monotonic() + self.start_timeout_s
         head, rest = self.specs[0], self.specs[1:]
         self._launch(head)
-        # The other nodes join in parallel as soon as the GCS answers (as KubeRay's
-        # workers wait for it): they need nothing else of the head, whose own raylet,
-        # agents and dashboard take seconds more to start.
-        self._wait_gcs(self._nodes[0], deadline)
+        self._wait_started(self._nodes[0], deadline)
+        # The other nodes join in parallel once the GCS is up.
         for spec in rest:
             self._launch(spec)
-        for node in self._nodes:
+        for node in self._nodes[1:]:
             self._wait_started(node, deadline)
         self._wait_registered(deadline)
 
@@ -260,13 +241,6 @@ class LocalRayCluster(processes.StartedGroup):
         )
 
     def _wait_started(self, node: _Node, deadline: float) -> None:
-        self._wait_for(node, deadline, lambda: "Ray runtime started" in _read(node.log))
-
-    def _wait_gcs(self, head: _Node, deadline: float) -> None:
-        """Until the head's GCS accepts connections on its port."""
-        self._wait_for(head, deadline, lambda: _accepts(NODE_IP, self.port))
-
-    def _wait_for(self, node: _Node, deadline: float, ready: Callable[[], bool]) -> None:
         while True:
             if node.proc.poll() is not None:
                 raise LocalClusterError(
@@ -274,14 +248,14 @@ class LocalRayCluster(processes.StartedGroup):
                     f"{node.proc.returncode}; last log lines ({node.log}):\n"
                     f"{processes.tail(node.log)}"
                 )
-            if ready():
+            if "Ray runtime started" in node.log.read_text(errors="replace"):
                 return
             if time.monotonic() > deadline:
                 raise LocalClusterError(
                     f"node {node.spec.name} did not start within {self.start_timeout_s:.0f}s; "
                     f"last log lines ({node.log}):\n{processes.tail(node.log)}"
                 )
-            time.sleep(0.1)
+            time.sleep(0.2)
 
     def _wait_registered(self, deadline: float) -> None:
         """Poll the GCS until every node is alive in it."""
