@@ -33,11 +33,12 @@ local: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# Two pytest-xdist workers: part of a Ray test's time is waiting (nodes, games, RPCs), so
-# two share two cores well (three overload them: nodes then miss Ray's 30 s start limit);
-# tests sharing a module-scoped fixture stay on one worker, longest modules first
-# (tests/conftest.py). `PYTEST_XDIST=` runs the suite in one process.
-PYTEST_XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
+# Serial by default: measured here, `PYTEST_XDIST="-n 2 --dist loadgroup
+# --no-loadscope-reorder"` took longer (27:41 for 513 tests on an otherwise idle 2-core
+# machine: two Ray clusters at once only contend for the cores; three overloaded them
+# so that nodes missed Ray's 30 s start limit). tests/conftest.py keeps such runs correct
+# (module fixtures on one worker, the process-leak check per worker).
+PYTEST_XDIST ?=
 
 test: $(STAMP)
 	$(BIN)/ruff check .
