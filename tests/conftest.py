@@ -101,8 +101,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 # ------------------------------------------- order and grouping for pytest-xdist
 
-# `make test` runs the suite on pytest-xdist workers (`--dist loadgroup`), which take
-# tests in collection order. These modules take longest (each test a real `uerl local`
+# With `PYTEST_XDIST` (see Makefile) the suite runs on pytest-xdist workers (`--dist
+# loadgroup`), which take tests in collection order; a serial run keeps pytest's order.
+# These modules take longest (each test a real `uerl local`
 # run or Ray cluster, see README's Tests), longest first: started first, they end
 # while the workers go through the quick tests, instead of one of them starting last.
 LONGEST_FIRST = (
@@ -144,6 +145,8 @@ def _module_fixture_group(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # not an xdist worker: nothing to spread
+        return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     # A stable sort by module keeps each module's tests together and in pytest's order.
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
