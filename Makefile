@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.uerl-installed
 
-.PHONY: setup local test lint bench render images clean
+.PHONY: setup local test test-slow lint bench render images clean
 
 setup: $(STAMP)
 
@@ -42,7 +42,12 @@ PYTEST_XDIST ?=
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -ra --durations=15 -m "not k8s" $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=15 -m "not k8s and not slow" $(PYTEST_XDIST) $(PYTEST_ARGS)
+
+# The long end-to-end training runs (game faults, learning, Ray Jobs, resume, both
+# patterns, signals): CI runs them after `make test`.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -ra --durations=15 -m "slow and not k8s" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # Builds what is missing (cached outside the work tree), then runs the tier.
 e2e: $(STAMP)

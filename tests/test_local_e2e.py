@@ -15,7 +15,10 @@ from proc_tree import StartedProcesses, TreeSampler, survivors
 ITERATIONS = 3
 
 
-@pytest.fixture(scope="module", params=["sidecar", "networked"])
+# The sidecar run in `make test`; the networked one, a second full run, in `make test-slow`.
+@pytest.fixture(
+    scope="module", params=["sidecar", pytest.param("networked", marks=pytest.mark.slow)]
+)
 def local_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
     pattern = request.param
     run_dir = tmp_path_factory.mktemp(f"local-{pattern}")
@@ -102,7 +105,9 @@ def test_leaves_no_process_behind(local_run: LocalRun) -> None:
     assert survivors(local_run.pids) == set()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)]
+)
 def test_signal_during_training_stops_cleanly_with_a_final_checkpoint(
     tmp_path: Path, sig: signal.Signals, started: StartedProcesses
 ) -> None:
@@ -146,6 +151,7 @@ def test_signal_during_startup_stops_everything_started_so_far(
     assert survivors(sampler.pids - {proc.pid}) == set()
 
 
+@pytest.mark.slow
 def test_an_inherited_ray_auth_mode_does_not_break_the_run(tmp_path: Path) -> None:
     # A shell (or an earlier in-process `ray.init`) may export RAY_AUTH_MODE=token;
     # the local cluster runs without auth, and its driver must agree.

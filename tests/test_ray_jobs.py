@@ -23,6 +23,8 @@ import pytest
 from local_runs import PROJECT_ROOT, wait_for_line
 from proc_tree import Deadline, StartedProcesses
 
+from training.local.ray_cluster import TEMP_ROOT
+
 pytestmark = pytest.mark.slow
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -151,6 +153,14 @@ def job(
         "--output", str(train_dir / "refused-client.json"),
         timeout_s=module_deadline.left(150),
     )  # fmt: skip
+    if "Starting Ray client server failed" in refused_via_client.stderr:
+        # The proxier's per-client server logs only inside the cluster's session
+        # directory, which goes with the cluster: keep it in the failure message.
+        refused_via_client.stderr += "".join(
+            f"\n--- {err} ---\n{err.read_text(errors='replace')[-4000:]}"
+            for err in Path(TEMP_ROOT).glob("uerl-*/*/session_*/logs/ray_client_server_*.err")
+            if err.stat().st_mtime > time.time() - 600
+        )
     assert job_status(served) == "RUNNING", job_logs(served)
     stopped = ray_cli(
         "job", "stop", "--address", served.dashboard_url, JOB_ID,

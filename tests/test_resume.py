@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from local_runs import LocalRun, run_local
 
+pytestmark = pytest.mark.slow  # two full runs, the second resuming the first
+
 SMALL = (
     "--workers",
     "2",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -257,6 +258,60 @@ def test_a_new_ray_image_recreates_every_ray_pod(
     )
 
 
+# ---- 7. two stacks in one namespace ---------------------------------------------------------
+
+
+def test_two_stacks_share_a_namespace_and_destroying_one_leaves_the_other(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+
+    def dev_state() -> dict[str, Any]:
+        """Every object of the dev stack by what only a spec change moves (the
+        operator keeps writing status, so resourceVersion is no measure)."""
+        kinds = "raycluster,configmap,pods,services"
+        items = cp.get_json(kinds, "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={CLUSTER}")
+        return {
+            f"{o['kind']}/{o['metadata']['name']}": (
+                o["metadata"]["uid"], o["metadata"].get("generation"), o.get("spec"), o.get("data")
+            )
+            for o in items["items"]
+        }  # fmt: skip
+
+    before = dev_state()
+    assert any(key.startswith("RayCluster/") for key in before), before
+    project.new_stack(
+        "second",
+        {
+            "topology.name": "second",
+            "topology.namespace": NAMESPACE,
+            "topology.create_namespace": "false",  # the dev stack's
+            "topology.operator.install": "false",  # the dev stack's operator serves both
+            "topology.simulator.kind": "mock",
+            "topology.workers.replicas": "1",
+        },
+    )
+    up(project, cp, "second")
+    assert groups_ready(ray_pods(cp, "second")) == {"headgroup": 1, "learners": 1, "workers": 1}
+    assert project.outputs("second")["endpoints"]["cluster_name"] == "second"
+    assert configmap_endpoints(cp, "second") == project.outputs("second")["endpoints"]
+
+    project.run("destroy", "--yes", stack="second", during=operator_follows_chart(cp))
+    names = [o["metadata"]["name"] for o in cp.get_json("raycluster", "-n", NAMESPACE)["items"]]
+    assert names == [CLUSTER]
+    cp.wait_until(
+        lambda: not cp.get_json("pods", "-n", NAMESPACE, "-l", "ray.io/cluster=second")["items"],
+        60,
+        "the second stack's pods to be gone",
+    )
+    leftover = cp.get_json("all", "-n", NAMESPACE, "-l", "app.kubernetes.io/instance=second")
+    assert leftover["items"] == []
+    assert dev_state() == before  # not one object of the dev stack touched
+    assert project.resources("second") == []
+    project.run("stack", "rm", "--yes", stack="second")
+    project.run("preview", "--expect-no-changes", stack="dev")
+
+
 # ---- 8. bad input -------------------------------------------------------------------------
 
 
@@ -301,6 +356,41 @@ def test_bad_config_fails_preview_with_one_line_naming_the_field_and_changes_not
         stack_file.write_text(original)
     assert spec_identity(raycluster(cp)) == before
     project.run("preview", "--expect-no-changes", stack="dev")
+
+
+# ---- 9. a head that can never be ready ------------------------------------------------------
+
+
+def test_up_fails_within_the_timeout_naming_the_raycluster_whose_head_never_gets_ready(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+    project.new_stack(
+        "stuck",
+        {
+            "topology.name": "stuck",
+            "topology.namespace": "uerl-stuck",
+            "topology.operator.install": "false",  # the dev stack's operator
+            "topology.simulator.kind": "mock",
+            "topology.pattern": "networked",
+            "topology.ray.head.cpus": "1000",  # no node has that
+            "topology.image_pull_timeout_s": "0",
+            "topology.ray.start_timeout_s": "20",
+        },
+    )
+    start = time.monotonic()
+    result = up(project, cp, "stuck", check=False)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0, result.output
+    assert "kubernetes:ray.io/v1:RayCluster" in result.output, result.output
+    # The provider's await names the resource by URN, ending in its type and name.
+    assert "ray.io/v1:RayCluster::stuck" in result.output, result.output
+    assert "timed out waiting for the condition" in result.output, result.output
+    assert elapsed < 20 + 120, f"{elapsed:.0f}s"  # the timeout, plus the rest of the stack
+    head = cp.get_json("pods", "-n", "uerl-stuck", "-l", "ray.io/node-type=head")["items"]
+    assert head and head[0]["status"]["phase"] == "Pending"
+    project.run("destroy", "--yes", stack="stuck", during=operator_follows_chart(cp))
+    project.run("stack", "rm", "--yes", stack="stuck")
 
 
 # ---- 5. destroy -----------------------------------------------------------------------------
