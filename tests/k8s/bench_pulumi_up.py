@@ -8,7 +8,7 @@ are there already (`operator.install: false`), so the figures are uerl's own obj
 
 Then where a no-change preview of the dev stack (with the operator chart) spends its
 time: the CLI alone, the program alone (python, no engine), and previews with and
-without the chart.
+without the chart, and with Pulumi's automatic log (off in the harness otherwise).
 
     cd tests/k8s && ../../.venv/bin/python bench_pulumi_up.py [--sizes 10 100 500]
 """
@@ -16,6 +16,7 @@ without the chart.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,13 @@ def preview_breakdown(project: PulumiProject, cp: ControlPlane) -> list[tuple[st
     for _ in range(2):  # the second is warm (page cache, Python bytecode)
         with_chart = project.run("preview", "--expect-no-changes", stack="dev").seconds
     out.append(("no-change preview, dev stack (operator chart)", with_chart))
+    # The same with Pulumi's automatic log on, as a user's PULUMI_HOME has it.
+    logs = Path(project.env["PULUMI_HOME"]) / "logs"
+    logs.unlink()
+    logged = project.run("preview", "--expect-no-changes", stack="dev").seconds
+    out.append(("the same, with Pulumi's automatic log ($PULUMI_HOME/logs)", logged))
+    shutil.rmtree(logs)
+    logs.write_text("off\n")
     project.run("destroy", "--yes", stack="dev")
     project.new_stack("nochart", {"topology.operator.install": "false", "topology.name": "nc"})
     # Needs the CRDs the dev stack's destroy removed: a preview does not create them.
