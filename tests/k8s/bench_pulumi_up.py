@@ -10,7 +10,8 @@ Then where a no-change preview of the dev stack (with the operator chart) spends
 time: the CLI alone, the program alone (python, no engine), and previews with and
 without the chart, and with Pulumi's automatic log (off in the harness otherwise).
 
-    cd tests/k8s && ../../.venv/bin/python bench_pulumi_up.py [--sizes 10 100 500]
+    cd tests/k8s
+    ../../.venv/bin/python bench_pulumi_up.py [--sizes 10 100 500] [--skip-breakdown]
 """
 
 from __future__ import annotations
@@ -116,7 +117,9 @@ def preview_breakdown(project: PulumiProject, cp: ControlPlane) -> list[tuple[st
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument(
+        "--sizes", type=int, nargs="*", default=[10, 100, 500], help="none: the breakdown only"
+    )
     parser.add_argument("--skip-breakdown", action="store_true")
     args = parser.parse_args()
     rows: list[Row] = []
@@ -126,9 +129,10 @@ def main() -> int:
             with ControlPlane(kuberay_crds=False) as cp:
                 project = PulumiProject(Path(tmp) / "breakdown", cp.kubeconfig)
                 breakdown = preview_breakdown(project, cp)
-        with ControlPlane(nodes=(BIG_NODE,)) as cp:
-            project = PulumiProject(Path(tmp) / "scale", cp.kubeconfig)
-            rows = scale_rows(project, args.sizes)
+        if args.sizes:
+            with ControlPlane(nodes=(BIG_NODE,)) as cp:
+                project = PulumiProject(Path(tmp) / "scale", cp.kubeconfig)
+                rows = scale_rows(project, args.sizes)
 
     print("\n| pattern | Y | `pulumi up` (new stack) | rescale Y -> Y+1 | no-change preview |")
     print("|---|---|---|---|---|")
