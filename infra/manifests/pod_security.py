@@ -4,9 +4,12 @@ One function, `restrict`, applied to each pod spec the builders make (Ray head,
 learners, workers with their sidecar games, networked games and their forwarder,
 the loader Job): non-root with a numeric user (the kubelet cannot check a named
 one), no privilege escalation, every capability dropped, seccomp `RuntimeDefault`,
-and a read-only root filesystem with one writable `emptyDir` at /tmp, where Ray
-keeps its sessions and the game its $HOME. KubeRay copies the Ray container's
-security context into the init container it injects, so that one passes too.
+and one writable `emptyDir` at /tmp (the game's $HOME, Ray's sessions). Root
+filesystems are read-only except the Ray containers': Ray jobs and user code write
+under $HOME (uv/pip caches of runtime environments, a run directory started there),
+and the image keeps its Python in $HOME, so it cannot be covered by a volume.
+KubeRay copies the Ray container's security context into the init container it
+injects, so that one passes too.
 """
 
 from __future__ import annotations
@@ -25,17 +28,18 @@ RAY_UID, RAY_GID = 1000, 100
 _LOCKED = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
-    "readOnlyRootFilesystem": True,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 
 
-def container_context(uid: int, gid: int | None = None) -> dict[str, Any]:
+def container_context(
+    uid: int, gid: int | None = None, *, read_only_root: bool = True
+) -> dict[str, Any]:
     """The security context of a container running as `uid` (and `gid`)."""
     out: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": uid}
     if gid is not None:
         out["runAsGroup"] = gid
-    return out | _LOCKED
+    return out | _LOCKED | {"readOnlyRootFilesystem": read_only_root}
 
 
 def restrict(pod_spec: dict[str, Any], *, fs_group: int | None = None) -> dict[str, Any]:
@@ -54,6 +58,7 @@ def restrict(pod_spec: dict[str, Any], *, fs_group: int | None = None) -> dict[s
         context = container.get("securityContext") or {}
         if not isinstance(context.get("runAsUser"), int) or context["runAsUser"] == 0:
             raise ValueError(f"container {container['name']!r}: no non-root runAsUser set")
+        context = {"readOnlyRootFilesystem": True} | context  # unless the builder said why not
         container["securityContext"] = context | _LOCKED | {"runAsNonRoot": True}
         mounts = container.setdefault("volumeMounts", [])
         if not any(m["mountPath"] == TMP_PATH for m in mounts):

@@ -49,7 +49,7 @@ def _ray_container(topology: Topology, name: str, resources: dict[str, Any]) -> 
         "imagePullPolicy": topology.image_pull_policy,
         "resources": resources,
         "securityContext": pod_security.container_context(
-            pod_security.RAY_UID, pod_security.RAY_GID
+            pod_security.RAY_UID, pod_security.RAY_GID, read_only_root=False
         ),
     }
 
