@@ -20,6 +20,7 @@ import pulumi
 from infra import manifests
 from infra.components import (
     KubeRayOperator,
+    StackNetworkPolicies,
     UeExecutablesVolume,
     UeGames,
     UerlRayCluster,
@@ -77,6 +78,12 @@ def main() -> None:
             depends_on=base,
         )
         game_deps += volume.ready
+
+    # The policies exist before any pod they guard does.
+    if objects.network_policies:
+        fence = StackNetworkPolicies("network-policies", objects.network_policies, depends_on=base)
+        base = [*base, *fence.policies]
+        game_deps += fence.policies
 
     # Sidecar games run inside the RayCluster's worker pods.
     cluster_deps = [*operator_deps, *(game_deps if topology.pattern == "sidecar" else base)]

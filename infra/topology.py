@@ -8,6 +8,7 @@ Imports only pydantic.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import string
 from typing import Annotated, Any, Literal
@@ -330,6 +331,34 @@ class OperatorSpec(_Spec):
         return None if value is None else _dns_label(value)
 
 
+def _cidr(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value, strict=True))
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not a CIDR block (e.g. 10.0.0.0/8): {exc}") from None
+
+
+Cidr = Annotated[str, BeforeValidator(_config_text), AfterValidator(_cidr)]
+
+
+class SecuritySpec(_Spec):
+    """Who may reach what, and how the pods run. Everything is on by default."""
+
+    # Per-stack NetworkPolicies: games only from the stack's Ray pods, the Ray pods
+    # only from each other (plus `allowed_cidrs` on the head's ports). Off only for a
+    # CNI without NetworkPolicy support, where they would silently do nothing.
+    network_policies: bool = True
+    # Who else may reach the head's GCS, client and dashboard ports (job submission
+    # from outside the cluster), e.g. ["10.20.0.0/16"]. Empty: nobody.
+    allowed_cidrs: list[Cidr] = []
+    # Egress only to the stack's own pods and DNS (the game or Ray then cannot
+    # download anything at run time).
+    restrict_egress: bool = False
+    # The Pod Security Standard a namespace uerl creates enforces; every pod uerl
+    # creates passes `restricted`.
+    pod_security: Literal["restricted", "baseline", "privileged"] = "restricted"
+
+
 class Topology(_Spec):
     """A whole uerl deployment."""
 
@@ -351,6 +380,7 @@ class Topology(_Spec):
     simulator: SimulatorSpec = SimulatorSpec()
     executables: ExecutablesSpec = ExecutablesSpec()
     operator: OperatorSpec = OperatorSpec()
+    security: SecuritySpec = SecuritySpec()
 
     @field_validator("name")
     @classmethod

@@ -184,7 +184,8 @@ def test_sidecar_game_runs_the_build_read_only_with_schola_on_the_served_port() 
     assert ue["command"] == ["/opt/ue/Game.sh"]
     assert "-ScholaPort=50051" in ue["args"]
     assert ue["volumeMounts"] == [
-        {"name": "ue-executables", "mountPath": "/opt/ue", "readOnly": True}
+        {"name": "ue-executables", "mountPath": "/opt/ue", "readOnly": True},
+        {"name": "uerl-tmp", "mountPath": "/tmp"},  # the game's only writable place
     ]
     assert worker_pod(m)["volumes"][0]["persistentVolumeClaim"] == {
         "claimName": "uerl-ue-executables",
@@ -210,7 +211,8 @@ def test_games_bound_to_all_interfaces_are_probed_over_tcp_on_the_pod_ip() -> No
 def test_mock_games_need_no_executables_volume() -> None:
     m = built("dev-sidecar")
     spec = worker_pod(m)
-    assert m.pvc is None and "volumes" not in spec
+    assert m.pvc is None
+    assert [v for v in spec["volumes"] if "persistentVolumeClaim" in v] == []
     assert [c["name"] for c in spec["initContainers"]] == ["ue"]
     assert sidecar_game(m)["command"] == ["uerl", "mock-ue"]
 
@@ -422,8 +424,8 @@ def test_loader_timeout_comes_from_the_topology() -> None:
 def test_head_mounts_the_endpoints_configmap() -> None:
     m = built("dev-networked")
     head = groups(m.raycluster)["head"]["template"]["spec"]
-    (mount,) = head["containers"][0]["volumeMounts"]
-    (vol,) = head["volumes"]
+    (mount,) = [m for m in head["containers"][0]["volumeMounts"] if m["name"] != "uerl-tmp"]
+    (vol,) = [v for v in head["volumes"] if v["name"] != "uerl-tmp"]
     assert mount["mountPath"] == HEAD_MOUNT_DIR and mount["name"] == vol["name"]
     assert vol["configMap"]["name"] == m.endpoints["metadata"]["name"]
 

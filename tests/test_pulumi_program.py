@@ -55,6 +55,8 @@ def test_sidecar_dev_stack_creates_operator_namespace_endpoints_and_raycluster(s
         "uerl:infra:UerlRayCluster": 1,
         "kubernetes:core/v1:ConfigMap": 1,
         RAYCLUSTER: 1,
+        "uerl:infra:StackNetworkPolicies": 1,
+        "kubernetes:networking.k8s.io/v1:NetworkPolicy": 1,  # Ray's (sidecar games inside)
     }
 
 
@@ -221,7 +223,8 @@ def test_registered_objects_are_exactly_the_rendered_ones(run: str, request) -> 
 
 def test_every_kubernetes_resource_is_named_explicitly_after_its_object(networked) -> None:
     objects = [r for r in networked["resources"] if r["custom"] and "metadata" in r["inputs"]]
-    assert len(objects) == 5
+    # Namespace, ConfigMap, RayCluster, StatefulSet, Service, two NetworkPolicies.
+    assert len(objects) == 7
     for r in objects:
         assert r["inputs"]["metadata"]["name"] == r["name"]
 

@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.manifests import endpoints, namespace, operator, raycluster, simulator, volume
+from infra.manifests import (
+    endpoints,
+    namespace,
+    network_policy,
+    operator,
+    raycluster,
+    simulator,
+    volume,
+)
 from infra.manifests.common import K8sObject
 from infra.manifests.operator import ChartRelease
 from infra.topology import Topology
@@ -30,6 +38,8 @@ class Manifests:
     # Networked pattern: the games' StatefulSet and its headless Service.
     ue_statefulset: K8sObject | None = None
     ue_service: K8sObject | None = None
+    # Who may reach the games and Ray (security.network_policies).
+    network_policies: tuple[K8sObject, ...] = ()
 
     def objects(self) -> list[K8sObject]:
         """Every object, in apply order."""
@@ -37,6 +47,7 @@ class Manifests:
             obj
             for obj in (
                 self.namespace,
+                *self.network_policies,  # before any pod they guard
                 self.pvc,
                 self.loader_job,
                 self.endpoints,
@@ -61,6 +72,7 @@ def build(topology: Topology, project_root: Path = PROJECT_ROOT) -> Manifests:
         raycluster=raycluster.raycluster(topology),
         ue_statefulset=simulator.statefulset(topology),
         ue_service=simulator.service(topology),
+        network_policies=tuple(network_policy.policies(topology)),
     )
 
 

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from infra.endpoints import HEAD_MOUNT_DIR
-from infra.manifests import simulator, volume
+from infra.manifests import pod_security, simulator, volume
 from infra.manifests.common import K8sObject, await_annotations, fixed_resources, labels, metadata
 from infra.manifests.endpoints import configmap_name
 from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, Topology
@@ -38,7 +38,7 @@ def custom_resources_param(topology: Topology) -> str:
 def _pod_template(topology: Topology, component: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {"labels": labels(topology, name=APP_NAME, component=component)},
-        "spec": pod_spec,
+        "spec": pod_security.restrict(pod_spec),
     }
 
 
@@ -48,6 +48,9 @@ def _ray_container(topology: Topology, name: str, resources: dict[str, Any]) -> 
         "image": topology.ray.image_ref,
         "imagePullPolicy": topology.image_pull_policy,
         "resources": resources,
+        "securityContext": pod_security.container_context(
+            pod_security.RAY_UID, pod_security.RAY_GID, read_only_root=False
+        ),
     }
 
 

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from infra.manifests import volume
+from infra.manifests import pod_security, volume
 from infra.manifests.common import (
     K8sObject,
     await_annotations,
@@ -34,6 +34,8 @@ PROBE_PERIOD_S = 5
 # $HOME (the build itself is mounted read-only).
 UNREAL_UID = 1000
 UNREAL_ENV = {"HOME": "/tmp"}
+# docker/mock-ue.Dockerfile's user.
+MOCK_UID = 10001
 # The forwarder relays every gRPC message of its game; requests = limits keeps
 # the pod's QoS Guaranteed like the game's.
 FORWARDER_RESOURCES = fixed_resources(0.5, "64Mi")
@@ -93,12 +95,8 @@ def container(topology: Topology, *, native_sidecar: bool = False) -> dict[str, 
     env = {**UNREAL_ENV, **sim.env} if sim.kind == "unreal" else dict(sim.env)
     if env:
         out["env"] = [{"name": key, "value": value} for key, value in sorted(env.items())]
-    if sim.kind == "unreal":
-        out["securityContext"] = {
-            "runAsNonRoot": True,
-            "runAsUser": UNREAL_UID,
-            "runAsGroup": UNREAL_UID,
-        }
+    uid = UNREAL_UID if sim.kind == "unreal" else MOCK_UID
+    out["securityContext"] = pod_security.container_context(uid, uid)
     if topology.uses_executables:
         out["volumeMounts"] = [volume.mount(topology)]
     return out
@@ -116,7 +114,7 @@ def forwarder(topology: Topology) -> dict[str, Any]:
         "ports": [{"name": PORT_NAME, "containerPort": sim.port, "protocol": "TCP"}],
         "resources": FORWARDER_RESOURCES,
         "readinessProbe": {"tcpSocket": {"port": sim.port}, "periodSeconds": PROBE_PERIOD_S},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": FORWARDER_UID},
+        "securityContext": pod_security.container_context(FORWARDER_UID, FORWARDER_UID),
     }
 
 
@@ -164,6 +162,7 @@ def statefulset(topology: Topology) -> K8sObject | None:
     volumes = pod_volumes(topology)
     if volumes:
         pod_spec["volumes"] = volumes
+    pod_security.restrict(pod_spec)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",

@@ -10,10 +10,15 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from infra.manifests import pod_security
 from infra.manifests.common import K8sObject, await_annotations, metadata
 from infra.topology import Topology
 
 VOLUME_NAME = "ue-executables"
+# The loader writes the build as the Unreal game's user (simulator.UNREAL_UID);
+# the wait-for-build check only reads, as nobody.
+BUILD_OWNER_UID = 1000
+NOBODY_UID = 65534
 READY_MARKER = ".uerl-ready"
 COMPONENT = "executables"
 
@@ -101,7 +106,7 @@ def loader_job(topology: Topology) -> K8sObject | None:
     # Pulumi waits this long for the Job. A claim the storage class cannot bind
     # (e.g. no ReadWriteMany) leaves its pod Pending until then.
     meta["annotations"] = await_annotations(spec.loader_timeout_s)
-    return {
+    job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": meta,
@@ -118,6 +123,10 @@ def loader_job(topology: Topology) -> K8sObject | None:
                             "imagePullPolicy": topology.image_pull_policy,
                             "command": ["sh", "-c", _loader_script(topology)],
                             "volumeMounts": [mount(topology, read_only=False)],
+                            # The game's user, so the game owns what it runs.
+                            "securityContext": pod_security.container_context(
+                                BUILD_OWNER_UID, BUILD_OWNER_UID
+                            ),
                         }
                     ],
                     "volumes": [pod_volume(topology, read_only=False)],
@@ -125,6 +134,9 @@ def loader_job(topology: Topology) -> K8sObject | None:
             },
         },
     }
+    # fsGroup: the claim's files are writable by the loader's group.
+    pod_security.restrict(job["spec"]["template"]["spec"], fs_group=BUILD_OWNER_UID)
+    return job
 
 
 def wait_for_build(topology: Topology) -> list[dict[str, Any]]:
@@ -145,5 +157,6 @@ def wait_for_build(topology: Topology) -> list[dict[str, Any]]:
                 f"until [ -f {marker} ]; do echo waiting for {marker}; sleep 5; done",
             ],
             "volumeMounts": [mount(topology)],
+            "securityContext": pod_security.container_context(NOBODY_UID),
         }
     ]
