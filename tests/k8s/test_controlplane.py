@@ -39,7 +39,8 @@ def test_kuberay_crds_apply(control_plane: ControlPlane) -> None:
 def test_dev_stack_is_reconciled(control_plane: ControlPlane) -> None:
     """The dev stack (mock game, sidecar pattern): head + learners + workers Running."""
     objects = deploy_and_wait(control_plane, "--stack", "dev")
-    assert [o["kind"] for o in objects] == ["Namespace", "ConfigMap", "RayCluster"]
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["Namespace", "NetworkPolicy", "ConfigMap", "RayCluster"]
 
 
 def test_unreal_networked_stack_claims_the_rwx_volume(control_plane: ControlPlane) -> None:
