@@ -90,7 +90,8 @@ def recreated_as(cp: ControlPlane, check: Callable[[list[dict[str, Any]]], bool]
         want = sizes | {"workers": raycluster(cp)["spec"]["workerGroupSpecs"][1]["replicas"]}
         return bool(pods) and check(pods) and groups_ready(pods) == want
 
-    cp.wait_until(done, 180, "the Ray pods recreated, every one Running and Ready")
+    # Bounded, with room for a loaded machine: at load ~8 a Recreate took over 180 s.
+    cp.wait_until(done, 420, "the Ray pods recreated, every one Running and Ready")
 
 
 def raycluster(cp: ControlPlane, name: str = CLUSTER, ns: str = NAMESPACE) -> dict[str, Any]:
