@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class UnmodelledPolicy(ValueError):
+    """A policy uses a feature this evaluator does not model: judging it anyway could
+    call a closed path open (or the reverse), so the check stops instead."""
+
+
 @dataclass(frozen=True)
 class Peer:
     """A source: a pod (namespace + labels) or an address outside the cluster."""
@@ -26,7 +31,7 @@ class Peer:
 
 def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     if set(selector) - {"matchLabels"}:
-        raise NotImplementedError(f"selector {selector}")
+        raise UnmodelledPolicy(f"selector {selector}: only matchLabels is modelled")
     return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
 
 
@@ -34,7 +39,7 @@ def _peer_matches(rule_peer: dict[str, Any], peer: Peer, policy_ns: str) -> bool
     if "ipBlock" in rule_peer:
         block = rule_peer["ipBlock"]
         if block.get("except"):
-            raise NotImplementedError("ipBlock.except")
+            raise UnmodelledPolicy(f"ipBlock {block}: `except` is not modelled")
         return bool(peer.ip) and ipaddress.ip_address(peer.ip) in ipaddress.ip_network(
             block["cidr"]
         )
@@ -42,7 +47,9 @@ def _peer_matches(rule_peer: dict[str, Any], peer: Peer, policy_ns: str) -> bool
         return False  # an address outside the cluster is no pod
     if "namespaceSelector" in rule_peer:
         if rule_peer["namespaceSelector"] != {}:
-            raise NotImplementedError(f"namespaceSelector {rule_peer['namespaceSelector']}")
+            raise UnmodelledPolicy(
+                f"namespaceSelector {rule_peer['namespaceSelector']}: only {{}} is modelled"
+            )
         in_ns = True
     else:
         in_ns = peer.namespace == policy_ns
@@ -57,6 +64,39 @@ def _port_matches(rule: dict[str, Any], port: int, protocol: str) -> bool:
     return any(p.get("protocol", "TCP") == protocol and p.get("port") == port for p in ports)
 
 
+def _allowed(
+    policies: list[dict[str, Any]],
+    direction: str,
+    *,
+    namespace: str,
+    pod_labels: dict[str, str],
+    peer: Peer,
+    port: int,
+    protocol: str,
+) -> bool:
+    """`direction` "Ingress" (peers under `from`) or "Egress" (under `to`)."""
+    # Without policyTypes a policy is an Ingress policy (Egress only with egress rules;
+    # uerl always writes policyTypes).
+    default_types = ["Ingress"] if direction == "Ingress" else []
+    rules_key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    selecting = [
+        p
+        for p in policies
+        if p["metadata"]["namespace"] == namespace
+        and direction in p["spec"].get("policyTypes", default_types)
+        and _matches(p["spec"]["podSelector"], pod_labels)
+    ]
+    if not selecting:
+        return True  # not isolated in this direction
+    for policy in selecting:
+        for rule in policy["spec"].get(rules_key, []):
+            peers = rule.get(peers_key)
+            peer_ok = not peers or any(_peer_matches(r, peer, namespace) for r in peers)
+            if peer_ok and _port_matches(rule, port, protocol):
+                return True
+    return False
+
+
 def ingress_allowed(
     policies: list[dict[str, Any]],
     *,
@@ -67,22 +107,10 @@ def ingress_allowed(
     protocol: str = "TCP",
 ) -> bool:
     """May `peer` open `port` on a pod with `pod_labels` in `namespace`?"""
-    selecting = [
-        p
-        for p in policies
-        if p["metadata"]["namespace"] == namespace
-        and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
-        and _matches(p["spec"]["podSelector"], pod_labels)
-    ]
-    if not selecting:
-        return True  # not isolated
-    for policy in selecting:
-        for rule in policy["spec"].get("ingress", []):
-            peers = rule.get("from")
-            peer_ok = not peers or any(_peer_matches(r, peer, namespace) for r in peers)
-            if peer_ok and _port_matches(rule, port, protocol):
-                return True
-    return False
+    return _allowed(
+        policies, "Ingress", namespace=namespace, pod_labels=pod_labels, peer=peer,
+        port=port, protocol=protocol,
+    )  # fmt: skip
 
 
 def egress_allowed(
@@ -95,19 +123,7 @@ def egress_allowed(
     protocol: str = "TCP",
 ) -> bool:
     """May a pod with `pod_labels` send to `to` on `port` (egress side only)?"""
-    selecting = [
-        p
-        for p in policies
-        if p["metadata"]["namespace"] == namespace
-        and "Egress" in p["spec"].get("policyTypes", [])
-        and _matches(p["spec"]["podSelector"], pod_labels)
-    ]
-    if not selecting:
-        return True
-    for policy in selecting:
-        for rule in policy["spec"].get("egress", []):
-            peers = rule.get("to")
-            peer_ok = not peers or any(_peer_matches(r, to, namespace) for r in peers)
-            if peer_ok and _port_matches(rule, port, protocol):
-                return True
-    return False
+    return _allowed(
+        policies, "Egress", namespace=namespace, pod_labels=pod_labels, peer=to,
+        port=port, protocol=protocol,
+    )  # fmt: skip

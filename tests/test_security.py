@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from network_policy_eval import Peer, egress_allowed, ingress_allowed
+from network_policy_eval import Peer, UnmodelledPolicy, egress_allowed, ingress_allowed
 
 from infra import manifests
 from infra.manifests import pod_security
@@ -213,3 +213,15 @@ def test_bad_security_input_names_the_field(security: dict[str, Any], message: s
         Topology.parse({"security": security})
     assert message in str(err.value)
     assert "topology.security." in str(err.value)
+
+
+def test_the_evaluator_refuses_a_policy_feature_it_does_not_model() -> None:
+    policy = {
+        "metadata": {"namespace": "ns"},
+        "spec": {
+            "podSelector": {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+            "policyTypes": ["Ingress"],
+        },
+    }
+    with pytest.raises(UnmodelledPolicy, match="only matchLabels is modelled"):
+        ingress_allowed([policy], namespace="ns", pod_labels={"a": "1"}, peer=Peer(), port=1)
