@@ -22,8 +22,16 @@ from infra.topology import Topology
 NAMESPACE_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 TMP_VOLUME = "uerl-tmp"
 TMP_PATH = "/tmp"
+# The numeric users of every container uerl creates, in one place.
 # rayproject/ray images run as `ray` (1000, group `users` 100).
 RAY_UID, RAY_GID = 1000, 100
+# Packaged Unreal games refuse to run as root; the loader writes the build as this
+# user too, so the game owns what it runs.
+UNREAL_UID = 1000
+# docker/mock-ue.Dockerfile's user.
+MOCK_UID = 10001
+# The forwarder and the wait-for-build check need no files of their own.
+NOBODY_UID = 65534
 # What a restricted container may not do, whatever its image.
 _LOCKED = {
     "allowPrivilegeEscalation": False,
@@ -36,10 +44,10 @@ def container_context(
     uid: int, gid: int | None = None, *, read_only_root: bool = True
 ) -> dict[str, Any]:
     """The security context of a container running as `uid` (and `gid`)."""
-    out: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": uid}
+    out: dict[str, Any] = {"runAsUser": uid, "readOnlyRootFilesystem": read_only_root}
     if gid is not None:
         out["runAsGroup"] = gid
-    return out | _LOCKED | {"readOnlyRootFilesystem": read_only_root}
+    return out  # `restrict` adds what every container gets
 
 
 def restrict(pod_spec: dict[str, Any], *, fs_group: int | None = None) -> dict[str, Any]:

@@ -30,16 +30,12 @@ CONTAINER_NAME = "ue"
 FORWARDER_NAME = "forward"
 PORT_NAME = "schola"
 PROBE_PERIOD_S = 5
-# Packaged Unreal games refuse to run as root, and write config and logs under
-# $HOME (the build itself is mounted read-only).
-UNREAL_UID = 1000
+# Packaged Unreal games write config and logs under $HOME (the build itself is
+# mounted read-only).
 UNREAL_ENV = {"HOME": "/tmp"}
-# docker/mock-ue.Dockerfile's user.
-MOCK_UID = 10001
 # The forwarder relays every gRPC message of its game; requests = limits keeps
 # the pod's QoS Guaranteed like the game's.
 FORWARDER_RESOURCES = fixed_resources(0.5, "64Mi")
-FORWARDER_UID = 65534
 FORWARDER_SOURCE = (Path(__file__).resolve().parent.parent / "forwarder.py").read_text()
 
 
@@ -95,7 +91,7 @@ def container(topology: Topology, *, native_sidecar: bool = False) -> dict[str, 
     env = {**UNREAL_ENV, **sim.env} if sim.kind == "unreal" else dict(sim.env)
     if env:
         out["env"] = [{"name": key, "value": value} for key, value in sorted(env.items())]
-    uid = UNREAL_UID if sim.kind == "unreal" else MOCK_UID
+    uid = pod_security.UNREAL_UID if sim.kind == "unreal" else pod_security.MOCK_UID
     out["securityContext"] = pod_security.container_context(uid, uid)
     if topology.uses_executables:
         out["volumeMounts"] = [volume.mount(topology)]
@@ -114,7 +110,9 @@ def forwarder(topology: Topology) -> dict[str, Any]:
         "ports": [{"name": PORT_NAME, "containerPort": sim.port, "protocol": "TCP"}],
         "resources": FORWARDER_RESOURCES,
         "readinessProbe": {"tcpSocket": {"port": sim.port}, "periodSeconds": PROBE_PERIOD_S},
-        "securityContext": pod_security.container_context(FORWARDER_UID, FORWARDER_UID),
+        "securityContext": pod_security.container_context(
+            pod_security.NOBODY_UID, pod_security.NOBODY_UID
+        ),
     }
 
 

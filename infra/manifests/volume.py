@@ -15,10 +15,6 @@ from infra.manifests.common import K8sObject, await_annotations, metadata
 from infra.topology import Topology
 
 VOLUME_NAME = "ue-executables"
-# The loader writes the build as the Unreal game's user (simulator.UNREAL_UID);
-# the wait-for-build check only reads, as nobody.
-BUILD_OWNER_UID = 1000
-NOBODY_UID = 65534
 READY_MARKER = ".uerl-ready"
 COMPONENT = "executables"
 
@@ -123,9 +119,8 @@ def loader_job(topology: Topology) -> K8sObject | None:
                             "imagePullPolicy": topology.image_pull_policy,
                             "command": ["sh", "-c", _loader_script(topology)],
                             "volumeMounts": [mount(topology, read_only=False)],
-                            # The game's user, so the game owns what it runs.
                             "securityContext": pod_security.container_context(
-                                BUILD_OWNER_UID, BUILD_OWNER_UID
+                                pod_security.UNREAL_UID, pod_security.UNREAL_UID
                             ),
                         }
                     ],
@@ -135,7 +130,7 @@ def loader_job(topology: Topology) -> K8sObject | None:
         },
     }
     # fsGroup: the claim's files are writable by the loader's group.
-    pod_security.restrict(job["spec"]["template"]["spec"], fs_group=BUILD_OWNER_UID)
+    pod_security.restrict(job["spec"]["template"]["spec"], fs_group=pod_security.UNREAL_UID)
     return job
 
 
@@ -157,6 +152,6 @@ def wait_for_build(topology: Topology) -> list[dict[str, Any]]:
                 f"until [ -f {marker} ]; do echo waiting for {marker}; sleep 5; done",
             ],
             "volumeMounts": [mount(topology)],
-            "securityContext": pod_security.container_context(NOBODY_UID),
+            "securityContext": pod_security.container_context(pod_security.NOBODY_UID),
         }
     ]
