@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -23,6 +23,10 @@ PortOffsetMode = Literal["fixed", "per_worker"]
 HEAD_MOUNT_DIR = "/etc/uerl"
 ENDPOINTS_FILENAME = "endpoints.json"
 HEAD_ENDPOINTS_PATH = f"{HEAD_MOUNT_DIR}/{ENDPOINTS_FILENAME}"
+# The games' TLS Secret (`simulator.tls`): its keys, and where pods that talk to the
+# games (and the games' TLS servers) mount them.
+TLS_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY = "ca.crt", "tls.crt", "tls.key"
+GAME_TLS_MOUNT_DIR = "/etc/uerl-game-tls"
 
 
 class EndpointsError(ValueError):
@@ -62,6 +66,37 @@ class Resources(BaseModel):
     cpus_per_env_runner: float = Field(ge=0)
 
 
+class GameTLS(BaseModel):
+    """How env runners talk TLS to the games: files on the machine (or pod) they run on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ca_path: str = Field(description="CA bundle (PEM) the games' certificate is checked against")
+    cert_path: str | None = Field(default=None, description="mutual TLS: client certificate")
+    key_path: str | None = Field(default=None, description="mutual TLS: its private key")
+
+    @classmethod
+    def in_directory(cls, directory: str, *, mutual: bool) -> GameTLS:
+        """The Secret's files as mounted (or written) in `directory`."""
+        directory = directory.rstrip("/")
+        return cls(
+            ca_path=f"{directory}/{TLS_CA_KEY}",
+            cert_path=f"{directory}/{TLS_CERT_KEY}" if mutual else None,
+            key_path=f"{directory}/{TLS_KEY_KEY}" if mutual else None,
+        )
+
+    @classmethod
+    def mounted(cls, *, mutual: bool) -> GameTLS:
+        """Where the stack's Ray pods mount the games' TLS Secret."""
+        return cls.in_directory(GAME_TLS_MOUNT_DIR, mutual=mutual)
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> GameTLS:
+        if (self.cert_path is None) != (self.key_path is None):
+            raise ValueError("cert_path and key_path go together (mutual TLS)")
+        return self
+
+
 class Endpoints(BaseModel):
     """Version 1 of the contract between infra and training."""
 
@@ -81,6 +116,7 @@ class Endpoints(BaseModel):
     custom_resource: str = Field(description="Ray resource each env-runner node advertises")
     resources: Resources
     simulator_startup_timeout_s: float = Field(gt=0)
+    tls: GameTLS | None = Field(default=None, description="TLS to the games; None: plaintext")
 
     def worker_endpoint(self, worker_index: int) -> str:
         if not 1 <= worker_index <= self.num_env_runners:

@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from infra.config_path import format_path
-from infra.endpoints import Endpoints, RayAddresses, Resources
+from infra.endpoints import Endpoints, GameTLS, RayAddresses, Resources
 
 # The Ray version the training package is pinned to (pyproject: ray[default,rllib]==...).
 # The default Ray image follows it so head, workers and driver agree.
@@ -40,6 +40,7 @@ CLIENT_PORT = 10001
 DASHBOARD_PORT = 8265
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Kubernetes resource.Quantity, e.g. 500m, 2, 1.5, 4Gi, 1e3.
 QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -68,6 +69,14 @@ Text = Annotated[str, BeforeValidator(_config_text)]
 
 class TopologyError(ValueError):
     """Invalid topology; the message names every config path at fault."""
+
+
+class FieldError(ValueError):
+    """A check across fields, reported at the field it is about (`path` below the model)."""
+
+    def __init__(self, path: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class _Spec(BaseModel):
@@ -168,6 +177,27 @@ class WorkerSpec(_NodeGroupSpec):
         return value
 
 
+class GameTLSSpec(_Spec):
+    """TLS for the games' gRPC. The Secret (in the stack's namespace, made by you or
+    cert-manager, or by `uerl tls-secret`) holds `ca.crt`, `tls.crt` and `tls.key`;
+    the certificate names the hosts env runners dial (`uerl tls-secret` says which)."""
+
+    secret: Text
+    # Games accept only clients presenting a certificate the Secret's CA signed; env
+    # runners present the Secret's own certificate (it must allow client auth).
+    mutual: bool = False
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_name(cls, value: str) -> str:
+        if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
+            raise ValueError(
+                f"{value!r} is not a Secret name (a DNS-1123 subdomain: lowercase "
+                "letters, digits, '-' and '.', at most 253 characters)"
+            )
+        return value
+
+
 SIMULATOR_DEFAULTS: dict[str, dict[str, Any]] = {
     # A packaged Linux UE build runs from the shared volume; `{executable}` is
     # the game's launcher inside it. Schola reads its port from -ScholaPort; the
@@ -215,6 +245,9 @@ class SimulatorSpec(_Spec):
     gpus: int = Field(default=0, ge=0, le=16)
     env: dict[Text, Text] = {}
     startup_timeout_s: float = Field(default=120, gt=0, le=3600)
+    # TLS to the games (off by default): served by the forwarder where there is one,
+    # else by the game itself (the mock game can; a stock Schola build cannot).
+    tls: GameTLSSpec | None = None
     # `dedicated`: a separate instance (ordinal 0) answers discovery (networked);
     # `worker1`: discovery reuses instance 1 (a game serves one client at a time,
     # and discovery closes its session before training starts).
@@ -387,6 +420,18 @@ class Topology(_Spec):
     def _name(cls, value: str) -> str:
         return _dns_label(value, max_len=40)
 
+    @model_validator(mode="after")
+    def _tls_has_a_server(self) -> Topology:
+        if self.simulator.tls is not None and self.game_tls_server is None:
+            raise FieldError(
+                ("simulator", "tls"),
+                "a stock Schola build serves plaintext gRPC, so uerl's forwarder "
+                "terminates TLS in front of it: that needs pattern 'networked' with "
+                "simulator.listen 'loopback' (a sidecar game on loopback is reached only "
+                "from inside its own pod; simulator.kind 'mock' serves TLS itself)",
+            )
+        return self
+
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, value: str) -> str:
@@ -416,6 +461,22 @@ class Topology(_Spec):
     def forwards_game_port(self) -> bool:
         """Networked games bound to loopback are reached through a forwarder in their pod."""
         return self.pattern == "networked" and self.simulator.loopback
+
+    @property
+    def game_tls_server(self) -> Literal["forwarder", "game"] | None:
+        """Which container serves TLS to env runners (None: no TLS, or none can)."""
+        if self.simulator.tls is None:
+            return None
+        if self.forwards_game_port:
+            return "forwarder"
+        return "game" if self.simulator.kind == "mock" else None
+
+    @property
+    def game_tls_hosts(self) -> list[str]:
+        """The names env runners dial, which the games' certificate must hold."""
+        if self.pattern == "sidecar":
+            return ["localhost", LOOPBACK]
+        return [f"*.{self.ue_set_name}.{self.namespace}.svc.cluster.local"]
 
     @property
     def game_listen_port(self) -> int:
@@ -480,6 +541,7 @@ class Topology(_Spec):
                 cpus_per_env_runner=self.workers.cpus,
             ),
             simulator_startup_timeout_s=self.simulator.startup_timeout_s,
+            tls=GameTLS.mounted(mutual=self.simulator.tls.mutual) if self.simulator.tls else None,
         )
 
     # -- parsing with errors that name the config path ------------------------
@@ -498,7 +560,11 @@ class Topology(_Spec):
 def format_validation_error(exc: ValidationError, root: str) -> str:
     lines = []
     for err in exc.errors():
-        path = format_path([root, *err["loc"]])
+        loc = list(err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldError):
+            loc += cause.path
+        path = format_path([root, *loc])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (not a topology field)"

@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,7 @@ import pytest
 
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.protocol._generated import schola_gym_pb2 as pb
-from training.protocol.client import GymClient, TLSConfig
+from training.protocol.client import GymClient
 from training.protocol.errors import UEConnectionError, UEProtocolError
 
 MockFactory = Callable[..., MockUEServer]
@@ -317,38 +316,3 @@ def test_game_killed_mid_step_raises_promptly(spawn_mock: Callable[..., Any]) ->
     assert len(errors) == 1 and isinstance(errors[0], UEConnectionError)
     assert f"UE game at {address} went away during UpdateState(step)" in str(errors[0])
     client.close()  # the game is gone: close must not raise or hang
-
-
-def test_tls_session_with_a_ca_bundle(mock_ue: MockFactory, tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    server = mock_ue(tls_cert_path=str(cert), tls_key_path=str(key))
-    tls = TLSConfig(ca_path=str(cert))
-    with GymClient(server.address, startup_timeout_s=5, request_timeout_s=5, tls=tls) as client:
-        client.connect()
-        client.reset({0: 0})
-        assert _agent(_step(client, [{"agent_0": 0}]), 0).reward == 1.0
-    # A plaintext client never gets a session from a TLS game.
-    with pytest.raises(UEConnectionError, match="did not answer StartGymConnector"):
-        GymClient(server.address, startup_timeout_s=1.0).connect()

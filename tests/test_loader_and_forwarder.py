@@ -3,8 +3,6 @@ the game-port forwarder (TCP on 127.0.0.1)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import socket
 import stat
@@ -14,6 +12,7 @@ import threading
 import zipfile
 from pathlib import Path
 
+from forwarder_thread import start_forwarder
 from infra_fixtures import dev_topology
 
 from infra import forwarder, manifests
@@ -102,31 +101,6 @@ class Upstream:
             with conn:
                 while data := conn.recv(65536):
                     conn.sendall(data.upper())
-
-
-def start_forwarder(upstream_port: int) -> tuple[int, asyncio.AbstractEventLoop, asyncio.Task]:
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    bound: list[int] = []
-
-    def on_ready(port: int) -> None:
-        bound.append(port)
-        ready.set()
-
-    task_box: list[asyncio.Task] = []
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        task = loop.create_task(
-            forwarder.serve(0, "127.0.0.1", upstream_port, on_ready, "127.0.0.1")
-        )
-        task_box.append(task)
-        with contextlib.suppress(asyncio.CancelledError):
-            loop.run_until_complete(task)
-
-    threading.Thread(target=run, daemon=True).start()
-    assert ready.wait(10), "forwarder did not start"
-    return bound[0], loop, task_box[0]
 
 
 def test_forwarder_relays_bytes_both_ways_to_the_loopback_game() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import time
@@ -15,15 +16,18 @@ from proc_tree import StartedProcesses, TreeSampler, survivors
 ITERATIONS = 3
 
 
-# The sidecar run in `make test`; the networked one, a second full run, in `make test-slow`.
+# The sidecar run in `make test`, plaintext like `make local`; the networked one, a
+# second full run, in `make test-slow`, over mutual TLS (`--tls mutual`).
 @pytest.fixture(
     scope="module", params=["sidecar", pytest.param("networked", marks=pytest.mark.slow)]
 )
 def local_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
     pattern = request.param
     run_dir = tmp_path_factory.mktemp(f"local-{pattern}")
+    tls = ["--tls", "mutual"] if pattern == "networked" else []
     run = run_local(
         run_dir,
+        *tls,
         "--pattern",
         pattern,
         "--workers",
@@ -48,6 +52,29 @@ def local_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 def test_exits_zero(local_run: LocalRun) -> None:
     assert local_run.returncode == 0, local_run.output
+
+
+def test_games_serve_the_transport_asked_for(local_run: LocalRun) -> None:
+    endpoints = json.loads((local_run.run_dir / "endpoints.json").read_text())
+    ready_lines = [
+        line
+        for log in sorted((local_run.run_dir / "games").glob("*.log"))
+        for line in log.read_text().splitlines()
+        if line.startswith("mock-ue listening on")
+    ]
+    assert len(ready_lines) >= 2
+    if "--tls" in local_run.args:
+        # A throwaway CA in the run directory; env runners present its certificate.
+        tls = endpoints["tls"]
+        assert tls["ca_path"] == str(local_run.run_dir / "tls" / "ca.crt")
+        assert (tls["cert_path"], tls["key_path"]) == (
+            str(local_run.run_dir / "tls" / "tls.crt"),
+            str(local_run.run_dir / "tls" / "tls.key"),
+        )
+        assert all(line.endswith(", mutual TLS)") for line in ready_lines), ready_lines
+    else:
+        assert endpoints["tls"] is None
+        assert all(line.endswith(", plaintext)") for line in ready_lines), ready_lines
 
 
 def test_prints_a_progress_line_per_iteration(local_run: LocalRun) -> None:

@@ -225,3 +225,174 @@ def test_the_evaluator_refuses_a_policy_feature_it_does_not_model() -> None:
     }
     with pytest.raises(UnmodelledPolicy, match="only matchLabels is modelled"):
         ingress_allowed([policy], namespace="ns", pod_labels={"a": "1"}, peer=Peer(), port=1)
+
+
+# -- TLS to the games (simulator.tls) -------------------------------------------------------
+
+TLS = {"secret": "game-tls"}
+MUTUAL = {"secret": "game-tls", "mutual": True}
+
+
+def containers_of(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+def tls_keys(spec: dict[str, Any], container: dict[str, Any]) -> list[str]:
+    """The Secret keys `container` sees (empty: it mounts none of the games' TLS)."""
+    mounted = {m["name"] for m in container.get("volumeMounts", [])}
+    volumes = [v for v in spec.get("volumes", []) if v["name"] in mounted and "secret" in v]
+    assert all(v["secret"]["secretName"] == "game-tls" for v in volumes)
+    return sorted(i["key"] for v in volumes for i in v["secret"]["items"])
+
+
+def test_a_sidecar_mock_game_serves_tls_and_its_env_runner_trusts_the_ca_only() -> None:
+    specs = pod_security.pod_specs(build({"simulator": {"kind": "mock", "tls": TLS}}).objects())
+    workers = specs["RayCluster/uerl/workers"]
+    game, ray = containers_of(workers)["ue"], containers_of(workers)["ray-worker"]
+    assert game["args"][-4:] == [
+        "--tls-cert",
+        "/etc/uerl-game-tls/tls.crt",
+        "--tls-key",
+        "/etc/uerl-game-tls/tls.key",
+    ]
+    assert tls_keys(workers, game) == ["tls.crt", "tls.key"]
+    assert tls_keys(workers, ray) == ["ca.crt"]
+    head = specs["RayCluster/uerl/head"]
+    assert tls_keys(head, containers_of(head)["ray-head"]) == ["ca.crt"]
+    learners = specs["RayCluster/uerl/learners"]
+    assert tls_keys(learners, containers_of(learners)["ray-worker"]) == []
+
+
+def test_mutual_tls_gives_env_runners_the_certificate_and_games_the_ca() -> None:
+    specs = pod_security.pod_specs(build({"simulator": {"kind": "mock", "tls": MUTUAL}}).objects())
+    workers = specs["RayCluster/uerl/workers"]
+    game, ray = containers_of(workers)["ue"], containers_of(workers)["ray-worker"]
+    assert game["args"][-2:] == ["--tls-client-ca", "/etc/uerl-game-tls/ca.crt"]
+    assert tls_keys(workers, game) == ["ca.crt", "tls.crt", "tls.key"]
+    assert tls_keys(workers, ray) == ["ca.crt", "tls.crt", "tls.key"]
+
+
+def test_the_forwarder_terminates_tls_in_front_of_a_plaintext_unreal_game() -> None:
+    data = UNREAL_LOADER | {"pattern": "networked", "simulator": {"kind": "unreal", "tls": TLS}}
+    game_pod_spec = pod_security.pod_specs(build(data).objects())["StatefulSet/uerl-ue"]
+    game, forward = containers_of(game_pod_spec)["ue"], containers_of(game_pod_spec)["forward"]
+    assert not any(a.startswith("--tls") for a in game["args"])
+    assert tls_keys(game_pod_spec, game) == []
+    assert forward["args"] == [
+        "50051",
+        "127.0.0.1",
+        "50052",
+        "--tls-cert",
+        "/etc/uerl-game-tls/tls.crt",
+        "--tls-key",
+        "/etc/uerl-game-tls/tls.key",
+    ]
+    assert tls_keys(game_pod_spec, forward) == ["tls.crt", "tls.key"]
+
+
+def test_the_endpoints_tell_env_runners_where_the_tls_files_are_mounted() -> None:
+    topology = Topology.parse({"simulator": {"kind": "mock", "tls": MUTUAL}})
+    tls = topology.endpoints().tls
+    assert tls is not None
+    assert (tls.ca_path, tls.cert_path, tls.key_path) == (
+        "/etc/uerl-game-tls/ca.crt",
+        "/etc/uerl-game-tls/tls.crt",
+        "/etc/uerl-game-tls/tls.key",
+    )
+    assert Topology.parse({}).endpoints().tls is None
+
+
+@pytest.mark.parametrize(
+    ("pattern", "hosts"),
+    [
+        ("sidecar", ["localhost", "127.0.0.1"]),
+        ("networked", ["*.uerl-ue.uerl.svc.cluster.local"]),
+    ],
+)
+def test_the_games_certificate_must_name_what_env_runners_dial(
+    pattern: str, hosts: list[str]
+) -> None:
+    topology = Topology.parse({"pattern": pattern, "simulator": {"kind": "mock", "tls": TLS}})
+    assert topology.game_tls_hosts == hosts
+    endpoints = topology.endpoints()
+    dialled = [endpoints.discovery_endpoint, endpoints.worker_endpoint(1)]
+    for endpoint in dialled:
+        host = endpoint.rsplit(":", 1)[0]
+        assert any(h == host or (h.startswith("*.") and host.endswith(h[1:])) for h in hosts)
+
+
+@pytest.mark.parametrize("variant", ["mock-sidecar", "mock-networked", "unreal-networked"])
+def test_pods_with_tls_still_pass_the_restricted_standard(variant: str) -> None:
+    data = {
+        "mock-sidecar": {"simulator": {"kind": "mock", "tls": MUTUAL}},
+        "mock-networked": {"pattern": "networked", "simulator": {"kind": "mock", "tls": MUTUAL}},
+        "unreal-networked": UNREAL_LOADER
+        | {"pattern": "networked", "simulator": {"kind": "unreal", "tls": MUTUAL}},
+    }[variant]
+    specs = pod_security.pod_specs(build(data).objects())
+    assert {name: pod_security.violations(spec) for name, spec in specs.items()} == {
+        name: [] for name in specs
+    }
+
+
+def test_without_tls_no_pod_mounts_the_secret() -> None:
+    for variant in VARIANTS.values():
+        for spec in pod_security.pod_specs(build(variant).objects()).values():
+            assert not [v for v in spec.get("volumes", []) if "secret" in v]
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "message"),
+    [
+        (
+            {"simulator": {"kind": "unreal", "tls": TLS}},
+            "topology.simulator.tls",
+            "a stock Schola build serves plaintext gRPC",
+        ),
+        (
+            {
+                "pattern": "networked",
+                "simulator": {"kind": "unreal", "listen": "all_interfaces", "tls": TLS},
+            },
+            "topology.simulator.tls",
+            "needs pattern 'networked' with simulator.listen 'loopback'",
+        ),
+        (
+            {"simulator": {"tls": {"secret": "Game_TLS"}}},
+            "topology.simulator.tls.secret",
+            "is not a Secret name",
+        ),
+        (
+            {"simulator": {"tls": {"secret": ""}}},
+            "topology.simulator.tls.secret",
+            "is not a Secret name",
+        ),
+        (
+            {"simulator": {"tls": {"secret": "a" * 254}}},
+            "topology.simulator.tls.secret",
+            "at most 253",
+        ),
+        (
+            {"simulator": {"tls": {"secret": "-tls"}}},
+            "topology.simulator.tls.secret",
+            "is not a Secret name",
+        ),
+        ({"simulator": {"tls": {}}}, "topology.simulator.tls.secret", "Field required"),
+        ({"simulator": {"tls": "game-tls"}}, "topology.simulator.tls", "valid dictionary"),
+        (
+            {"simulator": {"tls": {"secret": "t", "mutual": "both"}}},
+            "topology.simulator.tls.mutual",
+            "valid boolean",
+        ),
+        (
+            {"simulator": {"tls": {"secret": "t", "ca": "x"}}},
+            "topology.simulator.tls.ca",
+            "unknown key",
+        ),
+    ],
+)
+def test_bad_tls_input_names_the_field(data: dict[str, Any], path: str, message: str) -> None:
+    with pytest.raises(TopologyError) as err:
+        build(data)
+    assert f"{path}: " in str(err.value)
+    assert message in str(err.value)

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from infra.endpoints import HEAD_MOUNT_DIR
-from infra.manifests import pod_security, simulator, volume
+from infra.manifests import game_tls, pod_security, simulator, volume
 from infra.manifests.common import K8sObject, await_annotations, fixed_resources, labels, metadata
 from infra.manifests.endpoints import configmap_name
 from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, Topology
@@ -70,6 +70,8 @@ def _head(topology: Topology) -> dict[str, Any]:
         "containers": [container],
         "volumes": [{"name": ENDPOINTS_VOLUME, "configMap": {"name": configmap_name(topology)}}],
     }
+    # The driver runs here: discovery (networked) and evaluation dial games.
+    game_tls.add_client(topology, pod_spec, container)
     return {
         # The head runs the driver only: no tasks or actors are scheduled on it.
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
@@ -122,6 +124,8 @@ def _workers(topology: Topology) -> dict[str, Any]:
         volumes = simulator.pod_volumes(topology)
         if volumes:
             pod_spec["volumes"] = volumes
+        simulator.add_tls_server(topology, pod_spec)
+    game_tls.add_client(topology, pod_spec, ray)
     _placement(pod_spec, spec.node_selector, spec.tolerations)
     return {
         "groupName": WORKER_GROUP,

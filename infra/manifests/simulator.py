@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from infra.manifests import pod_security, volume
+from infra.manifests import game_tls, pod_security, volume
 from infra.manifests.common import (
     K8sObject,
     await_annotations,
@@ -65,6 +65,8 @@ def container(topology: Topology, *, native_sidecar: bool = False) -> dict[str, 
     command, args = sim.render_command(
         topology.executables.mount_path, port=topology.game_listen_port
     )
+    if topology.game_tls_server == "game":
+        args = [*args, *game_tls.server_args(topology)]
     probe = _probe_action(topology)
     out: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -106,7 +108,12 @@ def forwarder(topology: Topology) -> dict[str, Any]:
         "image": sim.forwarder_image,
         "imagePullPolicy": topology.image_pull_policy,
         "command": ["python", "-c", FORWARDER_SOURCE],
-        "args": [str(sim.port), LOOPBACK, str(topology.game_listen_port)],
+        "args": [
+            str(sim.port),
+            LOOPBACK,
+            str(topology.game_listen_port),
+            *game_tls.server_args(topology),
+        ],
         "ports": [{"name": PORT_NAME, "containerPort": sim.port, "protocol": "TCP"}],
         "resources": FORWARDER_RESOURCES,
         "readinessProbe": {"tcpSocket": {"port": sim.port}, "periodSeconds": PROBE_PERIOD_S},
@@ -118,6 +125,15 @@ def forwarder(topology: Topology) -> dict[str, Any]:
 
 def pod_volumes(topology: Topology) -> list[dict[str, Any]]:
     return [volume.pod_volume(topology)] if topology.uses_executables else []
+
+
+def add_tls_server(topology: Topology, pod_spec: dict[str, Any]) -> None:
+    """Gives the container that serves the game's port to env runners its TLS files."""
+    if topology.game_tls_server is None:
+        return
+    name = FORWARDER_NAME if topology.game_tls_server == "forwarder" else CONTAINER_NAME
+    containers = [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+    game_tls.add_server(topology, pod_spec, next(c for c in containers if c["name"] == name))
 
 
 def startup_allowance_s(topology: Topology) -> float:
@@ -160,6 +176,7 @@ def statefulset(topology: Topology) -> K8sObject | None:
     volumes = pod_volumes(topology)
     if volumes:
         pod_spec["volumes"] = volumes
+    add_tls_server(topology, pod_spec)
     pod_security.restrict(pod_spec)
     return {
         "apiVersion": "apps/v1",

@@ -24,9 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from training.protocol.client import TLSConfig
     from training.protocol.errors import UEError
     from training.run.discovery import discover
+    from training.tls.config import TLSConfig
 
     tls = None
     if args.tls_ca or args.tls_cert or args.tls_key:

@@ -30,6 +30,7 @@ from training.commands.training_options import add_training_args, options_from_a
 if TYPE_CHECKING:
     from infra.endpoints import Endpoints
     from infra.topology import Topology
+    from training.local.game_tls import TLSMode
     from training.local.session import Work
     from training.run.stop import StopRequest
 
@@ -58,6 +59,15 @@ def _add_topology_args(parser: argparse.ArgumentParser) -> None:
     games.add_argument("--envs", type=int, default=1, help="environments per game (default 1)")
     games.add_argument(
         "--base-port", type=int, help="worker i's game on BASE+i (default: a free block)"
+    )
+    games.add_argument(
+        "--tls",
+        nargs="?",
+        const="server",
+        choices=("server", "mutual"),
+        help="serve the games over TLS with a throwaway CA (written to the run directory); "
+        "`--tls mutual`: env runners present a certificate too. Default: the topology's "
+        "simulator.tls decides",
     )
     games.add_argument(
         "--game-restarts",
@@ -137,7 +147,18 @@ def _run(args: argparse.Namespace, topology: Topology, work: Work, run_dir: Path
         prog=prog,
         max_game_restarts=args.game_restarts,
         dashboard=args.dashboard,
+        tls=_tls_mode(args, topology),
     )
+
+
+def _tls_mode(args: argparse.Namespace, topology: Topology) -> TLSMode | None:
+    """`--tls`, else what the topology asks of its games (a Secret there, a CA here)."""
+    if args.tls is not None:
+        return args.tls
+    spec = topology.simulator.tls
+    if spec is None:
+        return None
+    return "mutual" if spec.mutual else "server"
 
 
 def main(argv: Sequence[str]) -> int:

@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stats-file", type=Path, help="write session/step counters here on exit")
     parser.add_argument("--tls-cert", help="serve TLS with this certificate (PEM), with --tls-key")
     parser.add_argument("--tls-key", help="private key (PEM) for --tls-cert")
+    parser.add_argument(
+        "--tls-client-ca", help="mutual TLS: accept only clients whose certificate this CA signed"
+    )
     parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     return parser
 
@@ -41,6 +44,9 @@ def main(argv: list[str]) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         print("mock-ue: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    if args.tls_client_ca is not None and args.tls_cert is None:
+        print("mock-ue: --tls-client-ca (mutual TLS) needs --tls-cert, --tls-key", file=sys.stderr)
+        return 2
     try:
         server = MockUEServer(
             args.host,
@@ -50,6 +56,7 @@ def main(argv: list[str]) -> int:
             step_delay_s=args.step_delay,
             tls_cert_path=args.tls_cert,
             tls_key_path=args.tls_key,
+            tls_client_ca_path=args.tls_client_ca,
         )
         port = server.start()
     except (OSError, ValueError) as exc:
@@ -62,7 +69,8 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    print(f"mock-ue listening on {args.host}:{port} ({args.env} x{args.envs})", flush=True)
+    tls = "mutual TLS" if args.tls_client_ca else "TLS" if args.tls_cert else "plaintext"
+    print(f"mock-ue listening on {args.host}:{port} ({args.env} x{args.envs}, {tls})", flush=True)
     while not stop.wait(0.5):
         pass
     server.stop(grace=1.0)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from infra.endpoints import Endpoints
     from infra.topology import Topology
+    from training.local.game_tls import TLSMode
     from training.local.games import LocalMockGames
     from training.run.stop import StopRequest
 
@@ -38,15 +39,18 @@ def run_local(
     prog: str,
     max_game_restarts: int = 10,
     dashboard: bool = False,
+    tls: TLSMode | None = None,
 ) -> int:
     """Start the topology, run `work` against its endpoints (the `uerl train` / `uerl eval`
     code paths), stop it all."""
     from training.local.endpoints import local_endpoints
+    from training.local.game_tls import throwaway
     from training.local.games import LocalGamesError, LocalMockGames
     from training.local.ray_cluster import LocalClusterError, LocalRayCluster, node_specs
     from training.run.stop import StopRequest
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    game_tls = throwaway(run_dir, tls) if tls is not None else None
     cluster = LocalRayCluster(
         node_specs(
             learners=topology.learners.replicas,
@@ -67,6 +71,7 @@ def run_local(
         discovery_instance=topology.has_dedicated_discovery,
         startup_timeout_s=min(topology.simulator.startup_timeout_s, 120.0),
         max_restarts=max_game_restarts,
+        extra_args=game_tls.server_args if game_tls else None,
         log=lambda line: print(line, flush=True),
     )
     # Belt and braces: the `with` blocks stop everything, atexit covers sys.exit paths
@@ -93,10 +98,13 @@ def run_local(
                     base_port=games.base_port,
                     dashboard_url=cluster.dashboard_url,
                 )
+                if game_tls is not None:
+                    endpoints = endpoints.model_copy(update={"tls": game_tls.client})
                 (run_dir / "endpoints.json").write_text(endpoints.to_json())
                 print(
                     f"{prog}: Ray at {cluster.address}, games "
                     + ", ".join(f"{g.name}={g.endpoint}" for g in games.games)
+                    + (f" over {'mutual ' if tls == 'mutual' else ''}TLS" if tls else "")
                     + f" (up in {time.monotonic() - started:.1f}s)"
                     + (f"; dashboard and job API at {cluster.dashboard_url}" if dashboard else ""),
                     flush=True,

@@ -312,6 +312,7 @@ class MockUEServer:
         on_reply: Callable[[pb.StateUpdate, pb.State], None] | None = None,
         tls_cert_path: str | None = None,
         tls_key_path: str | None = None,
+        tls_client_ca_path: str | None = None,
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
@@ -330,8 +331,14 @@ class MockUEServer:
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
         self._max_workers = max_workers
-        # Serve TLS (server-authenticated) when both PEM paths are given.
+        # Serve TLS when both PEM paths are given; mutual TLS (clients must present a
+        # certificate this CA signed) when a client CA is given too.
+        if (tls_cert_path is None) != (tls_key_path is None):
+            raise ValueError("tls_cert_path and tls_key_path go together")
+        if tls_client_ca_path is not None and tls_cert_path is None:
+            raise ValueError("tls_client_ca_path (mutual TLS) needs tls_cert_path and tls_key_path")
         self._tls = (tls_cert_path, tls_key_path) if tls_cert_path and tls_key_path else None
+        self._tls_client_ca = tls_client_ca_path
         self.port: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -349,8 +356,7 @@ class MockUEServer:
             if self._tls is None:
                 port = server.add_insecure_port(address)
             else:
-                cert, key = (Path(p).read_bytes() for p in self._tls)
-                port = server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
+                port = server.add_secure_port(address, self._server_credentials())
         except RuntimeError as exc:
             raise OSError(f"mock-ue cannot bind {address}: {exc}") from exc
         if port == 0:
@@ -362,6 +368,17 @@ class MockUEServer:
         self.port = port
         log.info("mock-ue %s x%d listening on %s:%d", self.env_id, self.num_envs, self.host, port)
         return port
+
+    def _server_credentials(self) -> grpc.ServerCredentials:
+        assert self._tls is not None
+        cert, key = (Path(p).read_bytes() for p in self._tls)
+        if self._tls_client_ca is None:
+            return grpc.ssl_server_credentials([(key, cert)])
+        return grpc.ssl_server_credentials(
+            [(key, cert)],
+            root_certificates=Path(self._tls_client_ca).read_bytes(),
+            require_client_auth=True,
+        )
 
     def stop(self, grace: float | None = None) -> None:
         if self._server is None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 
 import grpc
@@ -19,6 +17,8 @@ from google.protobuf.message import DecodeError
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol._generated import schola_gym_pb2_grpc as pb_grpc
 from training.protocol.errors import UEConnectionError, UEProtocolError
+from training.tls.config import TLSConfig
+from training.tls.handshake import check_handshake, serves_tls
 
 log = logging.getLogger(__name__)
 
@@ -36,28 +36,6 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     # UpdateState is not idempotent: never let gRPC replay it transparently.
     ("grpc.enable_retries", 0),
 ]
-
-
-@dataclass(frozen=True)
-class TLSConfig:
-    """Paths to PEM files. `ca_path` alone = server-authenticated TLS; add cert+key for mTLS."""
-
-    ca_path: str | None = None
-    cert_path: str | None = None
-    key_path: str | None = None
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        if (self.cert_path is None) != (self.key_path is None):
-            raise ValueError("TLS client certificate and key must be given together")
-
-        def read(path: str | None) -> bytes | None:
-            return Path(path).read_bytes() if path else None
-
-        return grpc.ssl_channel_credentials(
-            root_certificates=read(self.ca_path),
-            private_key=read(self.key_path),
-            certificate_chain=read(self.cert_path),
-        )
 
 
 class GymClient:
@@ -86,6 +64,11 @@ class GymClient:
 
     def connect(self, autoreset: int = pb.NEXT_STEP) -> None:
         """Wait (up to the start timeout) for the game, then StartGymConnector."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        if self._channel is None and self.tls is not None:
+            # gRPC would retry a TLS failure until the deadline and then say only
+            # that no connection could be made: this names the cause at once.
+            check_handshake(self.endpoint, self.tls, timeout_s=self.startup_timeout_s)
         if self._channel is None:
             if self.tls is None:
                 self._channel = grpc.insecure_channel(self.endpoint, options=CHANNEL_OPTIONS)
@@ -102,16 +85,19 @@ class GymClient:
                 response_deserializer=None,
                 _registered_method=True,
             )
-        deadline = time.monotonic() + self.startup_timeout_s
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=self.startup_timeout_s)
+            grpc.channel_ready_future(self._channel).result(
+                timeout=max(deadline - time.monotonic(), 0.1)
+            )
         except grpc.FutureTimeoutError:
             self._close_channel()
+            why = "no gRPC connection could be made"
+            if self.tls is None and serves_tls(self.endpoint):
+                why = "it serves TLS and this client connects without: give it the game's CA"
             raise UEConnectionError(
                 self.endpoint,
                 "StartGymConnector",
-                f"did not answer StartGymConnector within {self.startup_timeout_s:g} s "
-                "(no gRPC connection could be made)",
+                f"did not answer StartGymConnector within {self.startup_timeout_s:g} s ({why})",
             ) from None
         remaining = max(deadline - time.monotonic(), 0.1)
         self._call(

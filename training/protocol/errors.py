@@ -30,6 +30,20 @@ class UEConnectionError(UEError):
         return f"UE game at {self.endpoint} {self.detail}"
 
 
+class UETLSError(UEConnectionError):
+    """The game answered, but TLS with it cannot work (wrong CA, expired or misnamed
+    certificate, plaintext game, refused client certificate): retrying will not help."""
+
+    def __init__(self, endpoint: str, detail: str, operation: str = "TLS") -> None:
+        super().__init__(endpoint, operation, detail)
+
+    def _format(self) -> str:
+        return f"UE game at {self.endpoint} {self.detail}"
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.endpoint, self.detail, self.operation))
+
+
 class UEProtocolError(UEError):
     """The game answered, but with something that breaks the protocol or our expectations."""
 

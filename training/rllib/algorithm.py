@@ -131,6 +131,9 @@ def connection_for(
         request_timeout_s=request_timeout_s,
         fault_wait_s=fault_wait_s,
         give_up_after_s=give_up_after_s,
+        tls_ca_path=endpoints.tls.ca_path if endpoints.tls else None,
+        tls_cert_path=endpoints.tls.cert_path if endpoints.tls else None,
+        tls_key_path=endpoints.tls.key_path if endpoints.tls else None,
     )
 
 

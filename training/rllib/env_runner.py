@@ -33,7 +33,7 @@ from training.rllib.shared_health import SharedGameHealth
 from training.run.console import retag_if_quiet
 
 if TYPE_CHECKING:
-    from training.protocol.client import TLSConfig
+    from training.tls.config import TLSConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class UEConnection(BaseModel):
         return worker_endpoint(self.url_template, self.port, self.port_offset_mode, worker_index)
 
     def tls(self) -> TLSConfig | None:
-        from training.protocol.client import TLSConfig  # grpc: only where envs are built
+        from training.tls.config import TLSConfig  # grpc: only where envs are built
 
         if not (self.tls_ca_path or self.tls_cert_path or self.tls_key_path):
             return None

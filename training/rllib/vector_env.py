@@ -20,9 +20,10 @@ from ray.rllib.env.vector.vector_multi_agent_env import VectorMultiAgentEnv
 
 from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
-from training.protocol.client import GymClient, TLSConfig
+from training.protocol.client import GymClient
 from training.protocol.errors import UEProtocolError
 from training.protocol.game_spec import GameSpec, game_spec_from_definition
+from training.tls.config import TLSConfig
 
 ALL = "__all__"
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from functools import partial
 
 from infra.endpoints import Endpoints
-from training.protocol.client import GymClient, TLSConfig
+from training.protocol.client import GymClient
 from training.protocol.game_spec import GameSpec, game_spec_from_definition
 from training.run.on_worker_node import WorkerNodeTaskError, run_on_worker_node
+from training.tls.config import TLSConfig
 
 
 def discover(endpoint: str, *, timeout_s: float = 45.0, tls: TLSConfig | None = None) -> GameSpec:
@@ -31,12 +32,18 @@ class DiscoveryError(RuntimeError):
     """Discovery failed or timed out; the message names the endpoint and the pattern."""
 
 
+def tls_for(endpoints: Endpoints) -> TLSConfig | None:
+    """The client side of the games' TLS, as the endpoints object says."""
+    tls = endpoints.tls
+    return None if tls is None else TLSConfig(tls.ca_path, tls.cert_path, tls.key_path)
+
+
 def discover_game(endpoints: Endpoints, *, timeout_s: float | None = None) -> GameSpec:
     timeout = timeout_s or endpoints.simulator_startup_timeout_s
     endpoint = endpoints.discovery_endpoint
     try:
         if endpoints.pattern == "networked":
-            return discover(endpoint, timeout_s=timeout)
+            return discover(endpoint, timeout_s=timeout, tls=tls_for(endpoints))
         return _discover_via_worker_node(endpoints, timeout)
     except DiscoveryError:
         raise
@@ -49,7 +56,9 @@ def discover_game(endpoints: Endpoints, *, timeout_s: float | None = None) -> Ga
 def _discover_via_worker_node(endpoints: Endpoints, timeout_s: float) -> GameSpec:
     try:
         return run_on_worker_node(
-            partial(discover, endpoints.discovery_endpoint, timeout_s=timeout_s),
+            partial(
+                discover, endpoints.discovery_endpoint, timeout_s=timeout_s, tls=tls_for(endpoints)
+            ),
             timeout_s=timeout_s,
             resource=endpoints.custom_resource,
             what=f"discovery against {endpoints.discovery_endpoint}",

@@ -1,0 +1,289 @@
+"""TLS to the games, for real: the mock game and the forwarder serve it, the client
+checks it, and every way it can fail is one line naming the endpoint, at once."""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from forwarder_thread import start_forwarder, stop_forwarder
+
+from infra import forwarder
+from infra.endpoints import Endpoints, GameTLS
+from training.protocol.client import GymClient
+from training.protocol.errors import UEConnectionError, UETLSError
+from training.run.discovery import DiscoveryError, discover_game
+from training.tls import certificates
+from training.tls.config import TLSConfig
+
+MockFactory = Callable[..., Any]
+# Far above what a refused handshake takes (milliseconds), far below a startup timeout.
+FAST_S = 3.0
+STARTUP_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, certificates.TLSFiles]:
+    root = tmp_path_factory.mktemp("pki")
+    hosts = ["127.0.0.1", "localhost"]
+    return {
+        "good": certificates.issue(root / "good", hosts),
+        "other": certificates.issue(root / "other", hosts),
+        "expired": certificates.issue(root / "expired", hosts, expired=True),
+        "ip-only": certificates.issue(root / "ip-only", ["127.0.0.1"]),
+    }
+
+
+def serving(files: certificates.TLSFiles, *, client_ca: Path | None = None) -> dict[str, str]:
+    out = {"tls_cert_path": str(files.cert), "tls_key_path": str(files.key)}
+    if client_ca is not None:
+        out["tls_client_ca_path"] = str(client_ca)
+    return out
+
+
+def trusting(
+    files: certificates.TLSFiles, client: certificates.TLSFiles | None = None
+) -> TLSConfig:
+    if client is None:
+        return TLSConfig(str(files.ca))
+    return TLSConfig(str(files.ca), str(client.cert), str(client.key))
+
+
+def connect(endpoint: str, tls: TLSConfig | None, startup_s: float = STARTUP_S) -> float:
+    """Connect, reset, close; return how long connect took."""
+    started = time.monotonic()
+    with GymClient(endpoint, startup_timeout_s=startup_s, request_timeout_s=10, tls=tls) as client:
+        client.connect()
+        took = time.monotonic() - started
+        client.reset({0: 0})
+    return took
+
+
+def refused(
+    endpoint: str, tls: TLSConfig | None, startup_s: float = STARTUP_S
+) -> tuple[str, float]:
+    """The one-line error connecting gives, and how long it took."""
+    started = time.monotonic()
+    with pytest.raises(UEConnectionError) as info:
+        connect(endpoint, tls, startup_s)
+    message = str(info.value)
+    assert "\n" not in message
+    return message, time.monotonic() - started
+
+
+def test_a_session_over_tls_checks_the_game_against_the_ca(mock_ue: MockFactory, pki) -> None:
+    server = mock_ue(**serving(pki["good"]))
+    connect(server.address, trusting(pki["good"]))
+    assert server.stats.sessions_opened == 1
+
+
+def test_the_name_dialled_may_be_localhost_when_the_certificate_holds_it(
+    mock_ue: MockFactory, pki
+) -> None:
+    server = mock_ue(**serving(pki["good"]))
+    connect(f"localhost:{server.port}", trusting(pki["good"]))
+
+
+def test_mutual_tls_session_presents_the_client_certificate(mock_ue: MockFactory, pki) -> None:
+    server = mock_ue(**serving(pki["good"], client_ca=pki["good"].ca))
+    connect(server.address, trusting(pki["good"], client=pki["good"]))
+    assert server.stats.sessions_opened == 1
+
+
+def test_a_plaintext_client_is_refused_and_told_the_game_serves_tls(
+    mock_ue: MockFactory, pki
+) -> None:
+    server = mock_ue(**serving(pki["good"]))
+    message, _ = refused(server.address, None, startup_s=1.0)
+    assert message == (
+        f"UE game at {server.address} did not answer StartGymConnector within 1 s "
+        "(it serves TLS and this client connects without: give it the game's CA)"
+    )
+    assert server.stats.sessions_opened == 0
+
+
+def test_the_wrong_ca_fails_at_once_naming_the_endpoint_and_the_ca(
+    mock_ue: MockFactory, pki
+) -> None:
+    server = mock_ue(**serving(pki["good"]))
+    message, took = refused(server.address, trusting(pki["other"]))
+    assert took < FAST_S
+    assert message == (
+        f"UE game at {server.address} presented a certificate the CA in {pki['other'].ca} "
+        "did not sign (unable to get local issuer certificate)"
+    )
+
+
+def test_an_expired_certificate_is_reported_as_expired_with_its_end(
+    mock_ue: MockFactory, pki
+) -> None:
+    server = mock_ue(**serving(pki["expired"]))
+    message, took = refused(server.address, trusting(pki["expired"]))
+    assert took < FAST_S
+    assert message.startswith(
+        f"UE game at {server.address} presented an expired certificate (not valid after "
+    )
+    assert message.endswith(" UTC, 60 minutes ago)")
+
+
+def test_a_certificate_without_the_dialled_name_is_reported(mock_ue: MockFactory, pki) -> None:
+    server = mock_ue(**serving(pki["ip-only"]))
+    endpoint = f"localhost:{server.port}"
+    message, took = refused(endpoint, trusting(pki["ip-only"]))
+    assert took < FAST_S
+    assert message.startswith(
+        f"UE game at {endpoint} presented a certificate that does not name 'localhost' ("
+    )
+
+
+def test_a_tls_client_dialling_a_plaintext_game_is_told_so(mock_ue: MockFactory, pki) -> None:
+    server = mock_ue()
+    message, took = refused(server.address, trusting(pki["good"]))
+    assert took < FAST_S
+    assert message == (
+        f"UE game at {server.address} answered without TLS (a plaintext game: give it the "
+        "topology's simulator.tls, or connect without TLS)"
+    )
+
+
+def test_mutual_tls_refuses_a_client_without_a_certificate(mock_ue: MockFactory, pki) -> None:
+    server = mock_ue(**serving(pki["good"], client_ca=pki["good"].ca))
+    message, took = refused(server.address, trusting(pki["good"]))
+    assert took < FAST_S
+    assert message == (
+        f"UE game at {server.address} closes the connection right after the TLS handshake: "
+        "it requires a client certificate (mutual TLS), and none was given"
+    )
+    assert server.stats.sessions_opened == 0
+
+
+def test_mutual_tls_refuses_a_certificate_another_ca_signed(mock_ue: MockFactory, pki) -> None:
+    server = mock_ue(**serving(pki["good"], client_ca=pki["good"].ca))
+    message, took = refused(server.address, trusting(pki["good"], client=pki["other"]))
+    assert took < FAST_S
+    assert message.startswith(
+        f"UE game at {server.address} refused our client certificate {pki['other'].cert} "
+    )
+
+
+def test_a_game_not_listening_yet_is_waited_for_not_called_a_tls_failure(
+    mock_ue: MockFactory, pki
+) -> None:
+    probe = mock_ue()  # a free port, then nothing on it
+    port = probe.port
+    probe.stop(grace=0)
+    message, took = refused(f"127.0.0.1:{port}", trusting(pki["good"]), startup_s=1.5)
+    assert took >= 1.5
+    assert "did not answer StartGymConnector within 1.5 s" in message
+
+
+def test_tls_errors_keep_their_fields_when_ray_ships_them() -> None:
+    error = UETLSError("game-1:50051", "presented an expired certificate (x)")
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is UETLSError
+    assert (copy.endpoint, str(copy)) == ("game-1:50051", str(error))
+
+
+def test_an_unreadable_ca_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.crt"
+    with pytest.raises(ValueError, match=f"cannot read the TLS CA bundle {missing}"):
+        TLSConfig(str(missing)).credentials()
+
+
+def test_discovery_over_tls_with_the_wrong_ca_is_one_line_naming_the_game(
+    mock_ue: MockFactory, pki
+) -> None:
+    server = mock_ue(**serving(pki["good"]))
+    endpoints = Endpoints.model_validate(
+        {
+            "namespace": "t",
+            "cluster_name": "t",
+            "pattern": "networked",
+            "ray": {"dashboard_url": "", "client_address": "ray://x:1", "gcs_address": "x:1"},
+            "discovery_endpoint": server.address,
+            "worker_url_template": "127.0.0.1",
+            "port": server.port,
+            "port_offset_mode": "fixed",
+            "num_env_runners": 1,
+            "num_learners": 0,
+            "custom_resource": "ue_worker",
+            "resources": {"cpus_per_learner": 1, "gpus_per_learner": 0, "cpus_per_env_runner": 1},
+            "simulator_startup_timeout_s": STARTUP_S,
+            "tls": GameTLS.in_directory(str(pki["other"].directory), mutual=False).model_dump(),
+        }
+    )
+    started = time.monotonic()
+    with pytest.raises(DiscoveryError) as info:
+        discover_game(endpoints)
+    assert time.monotonic() - started < FAST_S
+    assert str(info.value) == (
+        f"discovery against {server.address} (networked pattern) failed: UE game at "
+        f"{server.address} presented a certificate the CA in {pki['other'].ca} did not sign "
+        "(unable to get local issuer certificate)"
+    )
+
+
+# -- the forwarder terminates TLS in front of a plaintext game (networked pattern) -----------
+
+
+def test_forwarder_terminates_tls_in_front_of_a_plaintext_game(mock_ue: MockFactory, pki) -> None:
+    game = mock_ue()
+    context = forwarder.tls_context(str(pki["good"].cert), str(pki["good"].key))
+    port, loop, task = start_forwarder(game.port, tls=context)
+    try:
+        connect(f"127.0.0.1:{port}", trusting(pki["good"]))
+        assert game.stats.sessions_opened == 1
+    finally:
+        stop_forwarder(loop, task)
+
+
+def test_forwarder_with_mutual_tls_lets_only_certified_clients_through(
+    mock_ue: MockFactory, pki
+) -> None:
+    game = mock_ue()
+    files = pki["good"]
+    context = forwarder.tls_context(str(files.cert), str(files.key), str(files.ca))
+    port, loop, task = start_forwarder(game.port, tls=context)
+    endpoint = f"127.0.0.1:{port}"
+    try:
+        message, took = refused(endpoint, trusting(files))
+        assert took < FAST_S
+        assert "it requires a client certificate (mutual TLS), and none was given" in message
+        assert game.stats.sessions_opened == 0
+        connect(endpoint, trusting(files, client=files))
+        assert game.stats.sessions_opened == 1
+    finally:
+        stop_forwarder(loop, task)
+
+
+def test_forwarder_refuses_a_plaintext_client(mock_ue: MockFactory, pki) -> None:
+    game = mock_ue()
+    context = forwarder.tls_context(str(pki["good"].cert), str(pki["good"].key))
+    port, loop, task = start_forwarder(game.port, tls=context)
+    try:
+        message, _ = refused(f"127.0.0.1:{port}", None, startup_s=1.0)
+        assert message.endswith(
+            "(it serves TLS and this client connects without: give it the game's CA)"
+        )
+        assert game.stats.sessions_opened == 0
+    finally:
+        stop_forwarder(loop, task)
+
+
+def test_forwarder_whose_game_is_down_looks_like_a_game_starting(mock_ue: MockFactory, pki) -> None:
+    probe = mock_ue()
+    dead_port = probe.port
+    probe.stop(grace=0)
+    context = forwarder.tls_context(str(pki["good"].cert), str(pki["good"].key))
+    port, loop, task = start_forwarder(dead_port, tls=context)
+    try:
+        # Closed before TLS starts, as the game itself would refuse: waited for.
+        message, took = refused(f"127.0.0.1:{port}", trusting(pki["good"]), startup_s=1.5)
+        assert took >= 1.5
+        assert "did not answer StartGymConnector within 1.5 s" in message
+    finally:
+        stop_forwarder(loop, task)
