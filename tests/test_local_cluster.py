@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import ray
@@ -21,6 +22,7 @@ from training.local.ray_cluster import (
     LocalClusterError,
     LocalRayCluster,
     NodeSpec,
+    _Node,
     node_specs,
 )
 
@@ -137,3 +139,57 @@ def test_nodes_die_with_their_owner_when_it_is_killed() -> None:
         if owner.poll() is None:
             owner.kill()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _fake_ray_start(tmp_path: Path, *, outcomes: list[str]):
+    """A `_spawn` stand-in: each call starts the next outcome ("abort": killed by
+    SIGABRT; "exit1": a plain error; "start": prints Ray's started line, then waits)."""
+    scripts = {
+        "abort": "import os; os.abort()",
+        "exit1": "raise SystemExit(1)",
+        "start": "import time; print('Ray runtime started.', flush=True); time.sleep(60)",
+    }
+
+    def spawn(spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path]:
+        log = tmp_path / f"{spec.name}.log"
+        argv = [sys.executable, "-c", scripts[outcomes.pop(0)]]
+        return processes.spawn(argv, log_path=log), log
+
+    return spawn
+
+
+def _node_started_after(
+    tmp_path: Path, outcomes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[LocalRayCluster, _Node]:
+    specs = [NodeSpec("head", "head", 0), NodeSpec("worker1", "worker", 1)]
+    cluster = LocalRayCluster(specs, log_dir=tmp_path, stop_grace_s=1)
+    monkeypatch.setattr(cluster, "_spawn", _fake_ray_start(tmp_path, outcomes=outcomes))
+    spec = cluster.specs[1]
+    node = _Node(spec, *cluster._spawn(spec))
+    cluster._nodes.append(node)
+    return cluster, node
+
+
+def test_a_ray_start_killed_by_a_signal_while_starting_is_started_once_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, node = _node_started_after(tmp_path, ["abort", "start"], monkeypatch)
+    try:
+        cluster._wait_started(node, time.monotonic() + 30)
+        assert node.crashes == 1 and node.proc.poll() is None
+        assert "ray start for node worker1 was killed by signal 6 while starting" in (
+            capsys.readouterr().out
+        )
+        assert "--- uerl local: ray start crashed (-6); again ---" in node.log.read_text()
+    finally:
+        processes.terminate([node.proc], grace_s=1)
+
+
+def test_a_second_crash_or_an_error_exit_is_not_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for outcomes, code in ((["abort", "abort"], -6), (["exit1"], 1)):
+        cluster, node = _node_started_after(tmp_path, outcomes, monkeypatch)
+        with pytest.raises(LocalClusterError, match=f"worker1 exited with code {code}"):
+            cluster._wait_started(node, time.monotonic() + 30)
+        assert outcomes == []

@@ -287,3 +287,76 @@ def test_forwarder_whose_game_is_down_looks_like_a_game_starting(mock_ue: MockFa
         assert "did not answer StartGymConnector within 1.5 s" in message
     finally:
         stop_forwarder(loop, task)
+
+
+# -- `uerl tls-secret`: the Secret's three files for a stack ----------------------------------
+
+
+def test_tls_secret_writes_a_chain_for_the_names_the_stacks_env_runners_dial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cryptography import x509
+
+    from training.commands import tls_secret
+
+    out = tmp_path / "secret"
+    assert tls_secret.main(["--out", str(out), "--set", "topology.pattern=networked"]) == 0
+    cert = x509.load_pem_x509_certificate((out / "tls.crt").read_bytes())
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["*.uerl-ue.uerl.svc.cluster.local"]
+    printed = capsys.readouterr().out
+    assert (
+        f"kubectl -n uerl create secret generic uerl-game-tls --from-file={out}/ca.crt "
+        f"--from-file={out}/tls.crt --from-file={out}/tls.key"
+    ) in printed
+    # Never overwrites a key someone already has.
+    key = (out / "tls.key").read_bytes()
+    assert tls_secret.main(["--out", str(out)]) == 1
+    assert (out / "tls.key").read_bytes() == key
+    assert f"{out}/ca.crt exists; not overwriting it" in capsys.readouterr().err
+
+
+# -- preflight checks the discovery game the way discovery will talk to it --------------------
+
+
+def test_preflight_checks_a_tls_game_over_tls(mock_ue: MockFactory, pki) -> None:
+    from training.run.preflight import grpc_ready
+
+    server = mock_ue(**serving(pki["good"], client_ca=pki["good"].ca))
+    grpc_ready(
+        server.address,
+        timeout_s=5,
+        what="discovery endpoint",
+        tls=trusting(pki["good"], pki["good"]),
+    )
+
+
+def test_preflight_names_a_tls_failure_at_once(mock_ue: MockFactory, pki) -> None:
+    from training.run.preflight import PreflightError, grpc_ready
+
+    server = mock_ue(**serving(pki["expired"]))
+    started = time.monotonic()
+    with pytest.raises(PreflightError) as info:
+        grpc_ready(
+            server.address, timeout_s=20, what="discovery endpoint", tls=trusting(pki["expired"])
+        )
+    assert time.monotonic() - started < FAST_S
+    assert str(info.value).startswith(
+        f"discovery endpoint: UE game at {server.address} presented an expired certificate"
+    )
+
+
+def test_preflight_says_when_a_game_serves_tls_the_endpoints_do_not_mention(
+    mock_ue: MockFactory, pki
+) -> None:
+    from training.run.preflight import PreflightError, grpc_ready
+
+    server = mock_ue(**serving(pki["good"]))
+    with pytest.raises(PreflightError) as info:
+        grpc_ready(server.address, timeout_s=1, what="discovery endpoint")
+    assert str(info.value) == (
+        f"discovery endpoint {server.address} accepts TCP but no gRPC server answered within "
+        "1s (it serves TLS: the endpoints object has no `tls` for it)"
+    )

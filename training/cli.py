@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-faults": ("training.commands.bench_faults", "measure what a game fault costs training"),
     "eval": ("training.commands.eval", "play a checkpoint's policies against the games"),
     "export": ("training.commands.export", "write a checkpoint's policies as ONNX for Schola"),
+    "tls-secret": ("training.commands.tls_secret", "make a CA and the games' TLS certificate"),
 }
 
 

@@ -74,11 +74,16 @@ class NodeSpec:
     resources: dict[str, float] = field(default_factory=dict)
 
 
+# `ray start` crashes (killed by a signal) tolerated per node while the cluster starts.
+MAX_START_CRASHES = 1
+
+
 @dataclass
 class _Node:
     spec: NodeSpec
     proc: subprocess.Popen[bytes]
     log: Path
+    crashes: int = 0
 
 
 def node_specs(
@@ -230,18 +235,21 @@ class LocalRayCluster(processes.StartedGroup):
         return argv
 
     def _launch(self, spec: NodeSpec) -> None:
+        self._nodes.append(_Node(spec, *self._spawn(spec)))
+
+    def _spawn(self, spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path]:
         env = {**os.environ, **NODE_ENV}
         # Jobs run their entrypoint through the head's shell: `uerl train` must resolve
         # to this environment's script, as it does on the uerl Ray image.
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
         log = self.log_dir / f"{spec.name}.log"
-        self._nodes.append(
-            _Node(spec, processes.spawn(self._argv(spec), log_path=log, env=env), log)
-        )
+        return processes.spawn(self._argv(spec), log_path=log, env=env), log
 
     def _wait_started(self, node: _Node, deadline: float) -> None:
         while True:
+            if node.proc.poll() is not None and self._restart_crashed(node):
+                continue
             if node.proc.poll() is not None:
                 raise LocalClusterError(
                     f"ray start for node {node.spec.name} exited with code "
@@ -256,6 +264,26 @@ class LocalRayCluster(processes.StartedGroup):
                     f"last log lines ({node.log}):\n{processes.tail(node.log)}"
                 )
             time.sleep(0.2)
+
+    def _restart_crashed(self, node: _Node) -> bool:
+        """Start a node again whose `ray start` was killed by a signal while starting.
+
+        Seen once in hundreds of starts: `ray start` aborted (SIGABRT) by gRPC's poller
+        ("epoll_wait error: Bad file descriptor"). A node that exits with an error
+        code (bad arguments, ports) is not retried; nor is a second crash."""
+        if node.proc.returncode >= 0 or node.crashes >= MAX_START_CRASHES:
+            return False
+        node.crashes += 1
+        processes.terminate([node.proc], grace_s=self.stop_grace_s)  # what it started
+        with node.log.open("a") as fh:
+            fh.write(f"--- uerl local: ray start crashed ({node.proc.returncode}); again ---\n")
+        print(
+            f"uerl local: ray start for node {node.spec.name} was killed by signal "
+            f"{-node.proc.returncode} while starting; starting it again (log: {node.log})",
+            flush=True,
+        )
+        node.proc, node.log = self._spawn(node.spec)
+        return True
 
     def _wait_registered(self, deadline: float) -> None:
         """Poll the GCS until every node is alive in it."""

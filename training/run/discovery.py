@@ -14,7 +14,7 @@ from infra.endpoints import Endpoints
 from training.protocol.client import GymClient
 from training.protocol.game_spec import GameSpec, game_spec_from_definition
 from training.run.on_worker_node import WorkerNodeTaskError, run_on_worker_node
-from training.tls.config import TLSConfig
+from training.tls.config import TLSConfig, for_games
 
 
 def discover(endpoint: str, *, timeout_s: float = 45.0, tls: TLSConfig | None = None) -> GameSpec:
@@ -32,18 +32,12 @@ class DiscoveryError(RuntimeError):
     """Discovery failed or timed out; the message names the endpoint and the pattern."""
 
 
-def tls_for(endpoints: Endpoints) -> TLSConfig | None:
-    """The client side of the games' TLS, as the endpoints object says."""
-    tls = endpoints.tls
-    return None if tls is None else TLSConfig(tls.ca_path, tls.cert_path, tls.key_path)
-
-
 def discover_game(endpoints: Endpoints, *, timeout_s: float | None = None) -> GameSpec:
     timeout = timeout_s or endpoints.simulator_startup_timeout_s
     endpoint = endpoints.discovery_endpoint
     try:
         if endpoints.pattern == "networked":
-            return discover(endpoint, timeout_s=timeout, tls=tls_for(endpoints))
+            return discover(endpoint, timeout_s=timeout, tls=for_games(endpoints.tls))
         return _discover_via_worker_node(endpoints, timeout)
     except DiscoveryError:
         raise
@@ -57,7 +51,10 @@ def _discover_via_worker_node(endpoints: Endpoints, timeout_s: float) -> GameSpe
     try:
         return run_on_worker_node(
             partial(
-                discover, endpoints.discovery_endpoint, timeout_s=timeout_s, tls=tls_for(endpoints)
+                discover,
+                endpoints.discovery_endpoint,
+                timeout_s=timeout_s,
+                tls=for_games(endpoints.tls),
             ),
             timeout_s=timeout_s,
             resource=endpoints.custom_resource,

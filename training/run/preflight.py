@@ -16,6 +16,7 @@ from typing import Any
 
 from infra.endpoints import Endpoints
 from training.run.on_worker_node import WorkerNodeTaskError, run_on_worker_node
+from training.tls.config import TLSConfig, for_games
 
 _EPS = 1e-9
 
@@ -79,17 +80,31 @@ def tcp_reachable(endpoint: str, *, timeout_s: float, what: str) -> None:
         ) from None
 
 
-def grpc_ready(endpoint: str, *, timeout_s: float, what: str) -> None:
-    """A gRPC server (HTTP/2 handshake done) answers at `endpoint` within the deadline."""
+def grpc_ready(endpoint: str, *, timeout_s: float, what: str, tls: TLSConfig | None = None) -> None:
+    """A gRPC server (HTTP/2 handshake done, over TLS if `tls`) answers at `endpoint`
+    within the deadline."""
     import grpc
 
+    from training.protocol.errors import UETLSError
+    from training.tls.handshake import check_handshake, serves_tls
+
     tcp_reachable(endpoint, timeout_s=timeout_s, what=what)
-    channel = grpc.insecure_channel(endpoint)
+    if tls is None:
+        channel = grpc.insecure_channel(endpoint)
+    else:
+        try:
+            check_handshake(endpoint, tls, timeout_s=timeout_s)
+        except UETLSError as exc:
+            raise PreflightError(f"{what}: {exc}") from None
+        channel = grpc.secure_channel(endpoint, tls.credentials())
     try:
         grpc.channel_ready_future(channel).result(timeout=timeout_s)
     except grpc.FutureTimeoutError:
+        hint = ""
+        if tls is None and serves_tls(endpoint):
+            hint = " (it serves TLS: the endpoints object has no `tls` for it)"
         raise PreflightError(
-            f"{what} {endpoint} accepts TCP but no gRPC server answered within {timeout_s:g}s"
+            f"{what} {endpoint} accepts TCP but no gRPC server answered within {timeout_s:g}s{hint}"
         ) from None
     finally:
         channel.close()
@@ -265,12 +280,15 @@ def check_discovery(endpoints: Endpoints, *, timeout_s: float) -> None:
     the check runs as a Ray task there, pinned by a sliver of the custom resource.
     """
     what = "discovery endpoint"
+    tls = for_games(endpoints.tls)
     if endpoints.pattern == "networked":
-        grpc_ready(endpoints.discovery_endpoint, timeout_s=timeout_s, what=what)
+        grpc_ready(endpoints.discovery_endpoint, timeout_s=timeout_s, what=what, tls=tls)
         return
     try:
         run_on_worker_node(
-            partial(grpc_ready, endpoints.discovery_endpoint, timeout_s=timeout_s, what=what),
+            partial(
+                grpc_ready, endpoints.discovery_endpoint, timeout_s=timeout_s, what=what, tls=tls
+            ),
             resource=endpoints.custom_resource,
             timeout_s=timeout_s,
             what=f"{what} check",

@@ -5,8 +5,12 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grpc
+from infra.endpoints import GameTLS
+
+if TYPE_CHECKING:
+    import grpc
 
 # gRPC speaks HTTP/2, which over TLS is negotiated with ALPN: gRPC clients refuse a
 # server that selects nothing, so every TLS endpoint (game or forwarder) offers it.
@@ -38,6 +42,8 @@ class TLSConfig:
             raise ValueError(f"cannot read the TLS {what} {path}: {exc.strerror}") from None
 
     def credentials(self) -> grpc.ChannelCredentials:
+        import grpc  # only where a channel is made (grpc_tuning must run first)
+
         return grpc.ssl_channel_credentials(
             root_certificates=self._read(self.ca_path, "CA bundle"),
             private_key=self._read(self.key_path, "client key"),
@@ -65,3 +71,8 @@ class TLSConfig:
                 ) from None
         context.set_alpn_protocols(ALPN_PROTOCOLS)
         return context
+
+
+def for_games(tls: GameTLS | None) -> TLSConfig | None:
+    """The client side of the games' TLS, as the endpoints object says (None: plaintext)."""
+    return None if tls is None else TLSConfig(tls.ca_path, tls.cert_path, tls.key_path)
