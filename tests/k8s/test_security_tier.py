@@ -48,7 +48,9 @@ def test_every_pod_is_admitted_under_restricted_and_runs(
     control_plane: ControlPlane, pattern: str
 ) -> None:
     cp = control_plane
-    deploy_and_wait(cp, *_stack("sec", f"pattern={pattern}"))
+    # With mutual TLS to the games: their Secret's volumes must pass `restricted` too.
+    tls = ("simulator.tls.secret=game-tls", "simulator.tls.mutual=true")
+    deploy_and_wait(cp, *_stack("sec", f"pattern={pattern}", *tls))
     labels = cp.get_json("namespace", NS)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     pods = _pods(cp)
@@ -61,6 +63,19 @@ def test_every_pod_is_admitted_under_restricted_and_runs(
         c["name"] for p in pods for c in p["spec"].get("initContainers", []) if c["name"] != "ue"
     }
     assert injected, "KubeRay injected no init container: nothing of its was checked"
+    # Every pod but the learners' dials or serves a game, so mounts the games' Secret.
+    secrets = {
+        p["metadata"]["labels"]["app.kubernetes.io/component"]: sorted(
+            v["secret"]["secretName"] for v in p["spec"].get("volumes", []) if "secret" in v
+        )
+        for p in pods
+    }
+    expected = {"ray-head": ["game-tls"], "ray-learner": []}
+    if pattern == "sidecar":  # the game serves, its env runner dials: one volume each
+        expected["ray-env-runner"] = ["game-tls", "game-tls"]
+    else:
+        expected |= {"ray-env-runner": ["game-tls"], "simulator": ["game-tls"]}
+    assert secrets == expected
 
 
 def test_a_privileged_pod_in_that_namespace_is_refused(control_plane: ControlPlane) -> None:
