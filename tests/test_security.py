@@ -396,3 +396,13 @@ def test_bad_tls_input_names_the_field(data: dict[str, Any], path: str, message:
         build(data)
     assert f"{path}: " in str(err.value)
     assert message in str(err.value)
+
+
+def test_the_head_and_its_dashboard_are_never_exposed_beyond_a_cluster_ip() -> None:
+    for variant in VARIANTS.values():
+        head = build(variant).raycluster["spec"]["headGroupSpec"]
+        # KubeRay's head Service is a ClusterIP unless serviceType says otherwise; no
+        # Ingress unless enableIngress.
+        assert head.get("serviceType", "ClusterIP") == "ClusterIP"
+        assert not head.get("enableIngress", False)
+        assert {o["kind"] for o in build(variant).objects()}.isdisjoint({"Ingress", "Route"})

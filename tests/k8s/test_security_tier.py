@@ -76,6 +76,9 @@ def test_every_pod_is_admitted_under_restricted_and_runs(
     else:
         expected |= {"ray-env-runner": ["game-tls"], "simulator": ["game-tls"]}
     assert secrets == expected
+    # The head's ports (GCS, client, dashboard) stay inside the cluster.
+    head_service = cp.get_json("service", "sec-head-svc", "-n", NS)
+    assert head_service["spec"]["type"] == "ClusterIP"
 
 
 def test_a_privileged_pod_in_that_namespace_is_refused(control_plane: ControlPlane) -> None:
