@@ -360,3 +360,25 @@ def test_preflight_says_when_a_game_serves_tls_the_endpoints_do_not_mention(
         f"discovery endpoint {server.address} accepts TCP but no gRPC server answered within "
         "1s (it serves TLS: the endpoints object has no `tls` for it)"
     )
+
+
+def test_uerl_discover_names_an_unreadable_ca_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.commands import discover
+
+    missing = tmp_path / "ca.crt"
+    assert discover.main(["127.0.0.1:1", "--tls-ca", str(missing), "--timeout", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"uerl discover: cannot read the TLS CA bundle {missing}: No such file or directory\n"
+    )
+
+
+def test_uerl_discover_speaks_tls_to_a_tls_game(
+    mock_ue: MockFactory, pki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.commands import discover
+
+    server = mock_ue(**serving(pki["good"]))
+    assert discover.main([server.address, "--tls-ca", str(pki["good"].ca), "--json"]) == 0
+    assert '"agents"' in capsys.readouterr().out

@@ -28,11 +28,14 @@ def main(argv: list[str]) -> int:
     from training.run.discovery import discover
     from training.tls.config import TLSConfig
 
-    tls = None
-    if args.tls_ca or args.tls_cert or args.tls_key:
-        tls = TLSConfig(args.tls_ca, args.tls_cert, args.tls_key)
     try:
+        tls = None
+        if args.tls_ca or args.tls_cert or args.tls_key:
+            tls = TLSConfig(args.tls_ca, args.tls_cert, args.tls_key)
         game = discover(args.endpoint, timeout_s=args.timeout, tls=tls)
+    except ValueError as exc:  # unreadable or mismatched TLS files: named in the message
+        print(f"uerl discover: {exc}", file=sys.stderr)
+        return 2
     except UEError as exc:
         print(f"uerl discover: {exc}", file=sys.stderr)
         return 1
