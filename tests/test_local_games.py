@@ -98,6 +98,17 @@ def test_game_ports_go_above_the_ephemeral_range_when_none_fit_below(
     assert all(base >= 61000 and base + 3 <= 65536 for base in bases), bases
 
 
+def test_the_local_clusters_ports_are_outside_the_ephemeral_range_and_never_repeat(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Ray binds them seconds after they are picked (its client server on 127.0.0.1 too):
+    # an outgoing connection must not be able to take one meanwhile.
+    _ephemeral_range(monkeypatch, tmp_path, "24000\t60999\n")
+    ports = [processes.free_port() for _ in range(200)]
+    assert all(processes.GAME_PORT_LOW <= port < 24000 for port in ports), ports
+    assert len(set(ports)) == len(ports)
+
+
 def _wait(predicate: Callable[[], bool], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():

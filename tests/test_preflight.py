@@ -161,7 +161,7 @@ def test_discovery_endpoint_that_is_not_grpc_fails_within_the_timeout(
 
 def test_unreachable_ray_fails_without_hanging(game: str) -> None:
     topo = Topology.parse({})
-    dead = f"127.0.0.2:{processes.free_port('127.0.0.2')}"
+    dead = f"127.0.0.2:{processes.free_port()}"
     endpoints = local_endpoints(topo, gcs_address=dead, client_port=1, base_port=50000)
     message, elapsed = timed_failure(endpoints, timeout_s=3)
     assert f"Ray GCS {dead} is unreachable" in message

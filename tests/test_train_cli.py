@@ -54,7 +54,7 @@ def test_train_with_an_invalid_endpoints_file_exits_2_naming_the_field(tmp_path:
 
 
 def test_train_against_an_unreachable_cluster_exits_1_quickly(tmp_path: Path) -> None:
-    dead = f"127.0.0.2:{processes.free_port('127.0.0.2')}"
+    dead = f"127.0.0.2:{processes.free_port()}"
     endpoints = (
         Topology()
         .endpoints()

@@ -129,14 +129,19 @@ def terminate(procs: Sequence[subprocess.Popen[bytes]], *, grace_s: float) -> se
     return alive(seen)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` and on all interfaces right now."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            port = int(sock.getsockname()[1])
-        if port_is_free(port):
+def free_port() -> int:
+    """A TCP port free on every address now, outside the kernel's ephemeral range, and
+    never the same twice in this process. Outside the range because the server binds
+    it later: Ray's client server binds its port on 127.0.0.1 as well as the node IP
+    seconds after `ray start`, and an outgoing loopback connection once took it first
+    (the head then stopped)."""
+    low, high = game_port_range(1)
+    for _ in range(200):
+        port = free_port_block(1, low=low, high=high)
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
             return port
+    raise RuntimeError(f"no free TCP port left in {low}..{high - 1}")
 
 
 def port_is_free(port: int, host: str = "") -> bool:
@@ -148,11 +153,13 @@ def port_is_free(port: int, host: str = "") -> bool:
     return True
 
 
+_HANDED_OUT: set[int] = set()
 # The kernel gives outgoing connections (and `bind(port 0)`) local ports from this range.
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
-# Game ports start here: below are the usual ports of well-known services and Ray's
-# default worker ports (10002-19999) of any other cluster on the machine.
+# Ports uerl picks for its servers (games, and the local cluster's GCS, client,
+# dashboard and agent ports) start here: below are the usual ports of well-known
+# services and Ray's default worker ports (10002-19999) of any other cluster here.
 GAME_PORT_LOW = 20000
 
 

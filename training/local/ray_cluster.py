@@ -156,10 +156,10 @@ class LocalRayCluster(processes.StartedGroup):
     def start(self) -> None:
         _drive_with_node_settings()
         self.temp_dir.mkdir(parents=True, exist_ok=False)
-        self.port = processes.free_port(NODE_IP)
-        self.client_port = processes.free_port(NODE_IP)
+        self.port = processes.free_port()
+        self.client_port = processes.free_port()
         if self.dashboard:
-            self.dashboard_port = processes.free_port(NODE_IP)
+            self.dashboard_port = processes.free_port()
         deadline = time.monotonic() + self.start_timeout_s
         head, rest = self.specs[0], self.specs[1:]
         self._launch(head)
@@ -212,7 +212,7 @@ class LocalRayCluster(processes.StartedGroup):
             "--log-style=record",
             # Every node runs a dashboard agent; on one IP they need distinct HTTP ports
             # (the default 52365 would go to the first node only).
-            f"--dashboard-agent-listen-port={processes.free_port(NODE_IP)}",
+            f"--dashboard-agent-listen-port={processes.free_port()}",
         ]
         if spec.resources:
             argv.append(f"--resources={json.dumps(spec.resources)}")
