@@ -85,9 +85,9 @@ def test_game_ports_are_chosen_below_the_kernels_ephemeral_port_range(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # A restarting game's port must not be handed to an outgoing connection meanwhile.
-    _ephemeral_range(monkeypatch, tmp_path, "24000\t60999\n")
+    _ephemeral_range(monkeypatch, tmp_path, "30000\t60999\n")
     bases = [processes.free_port_block(3) for _ in range(20)]
-    assert all(base >= processes.GAME_PORT_LOW and base + 3 <= 24000 for base in bases), bases
+    assert all(base >= processes.GAME_PORT_LOW and base + 3 <= 30000 for base in bases), bases
 
 
 def test_game_ports_go_above_the_ephemeral_range_when_none_fit_below(
@@ -103,9 +103,9 @@ def test_the_local_clusters_ports_are_outside_the_ephemeral_range_and_never_repe
 ) -> None:
     # Ray binds them seconds after they are picked (its client server on 127.0.0.1 too):
     # an outgoing connection must not be able to take one meanwhile.
-    _ephemeral_range(monkeypatch, tmp_path, "24000\t60999\n")
+    _ephemeral_range(monkeypatch, tmp_path, "30000\t60999\n")
     ports = [processes.free_port() for _ in range(200)]
-    assert all(processes.GAME_PORT_LOW <= port < 24000 for port in ports), ports
+    assert all(processes.GAME_PORT_LOW <= port < 30000 for port in ports), ports
     assert len(set(ports)) == len(ports)
 
 

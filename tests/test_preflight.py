@@ -167,3 +167,59 @@ def test_unreachable_ray_fails_without_hanging(game: str) -> None:
     assert f"Ray GCS {dead} is unreachable" in message
     assert elapsed < 20
     assert not ray.is_initialized()
+
+
+def _ray_client_listener() -> socket.socket:
+    """Something listening where a Ray Client proxy would (the TCP probe comes first)."""
+    return socket.create_server(("127.0.0.1", 0))
+
+
+def test_a_ray_client_server_that_dies_at_start_is_asked_once_more(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.run import preflight as pf
+
+    calls: list[str] = []
+
+    def init(address: str, **_: object) -> None:
+        calls.append(address)
+        if len(calls) == 1:
+            raise ConnectionAbortedError(
+                "Initialization failure from server:\\nRuntimeError: Starting Ray client "
+                "server failed. See ray_client_server_23000.err for detailed logs."
+            )
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(pf, "CLIENT_RETRY_DELAY_S", 0.0)
+    with _ray_client_listener() as sock:
+        address = f"ray://127.0.0.1:{sock.getsockname()[1]}"
+        pf.connect_ray(address, timeout_s=5)
+    assert calls == [address, address]
+    assert "the cluster could not start a client server for this driver" in (
+        capsys.readouterr().err
+    )
+
+
+def test_other_ray_client_failures_and_a_second_one_are_not_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from training.run import preflight as pf
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(pf, "CLIENT_RETRY_DELAY_S", 0.0)
+    for message, attempts in (("auth failed", 1), (pf.CLIENT_SERVER_FAILED, 2)):
+        calls: list[str] = []
+
+        def init(
+            address: str, _message: str = message, _calls: list[str] = calls, **_: object
+        ) -> None:
+            _calls.append(address)
+            raise ConnectionAbortedError(_message)
+
+        monkeypatch.setattr(ray, "init", init)
+        with _ray_client_listener() as sock, pytest.raises(ConnectionAbortedError):
+            pf.connect_ray(f"ray://127.0.0.1:{sock.getsockname()[1]}", timeout_s=5)
+        assert len(calls) == attempts

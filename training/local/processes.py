@@ -159,8 +159,9 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
 # Ports uerl picks for its servers (games, and the local cluster's GCS, client,
 # dashboard and agent ports) start here: below are the usual ports of well-known
-# services and Ray's default worker ports (10002-19999) of any other cluster here.
-GAME_PORT_LOW = 20000
+# services, Ray's default worker ports (10002-19999) and the ports Ray Client's proxy
+# gives each driver's server (23000-23999).
+GAME_PORT_LOW = 24000
 
 
 def ephemeral_port_range(path: Path | None = None) -> tuple[int, int]:

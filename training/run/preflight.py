@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -110,6 +111,11 @@ def grpc_ready(endpoint: str, *, timeout_s: float, what: str, tls: TLSConfig | N
         channel.close()
 
 
+# What Ray Client's proxy answers when the server process for a new driver died at start.
+CLIENT_SERVER_FAILED = "Starting Ray client server failed"
+CLIENT_RETRY_DELAY_S = 1.0
+
+
 def connect_ray(
     address: str, *, timeout_s: float, runtime_env: dict[str, Any] | None = None
 ) -> None:
@@ -129,7 +135,22 @@ def connect_ray(
         # A loopback cluster (uerl local): the driver must claim the nodes' IP,
         # or Ray looks for a raylet on 127.0.0.1 that does not exist.
         kwargs["_node_ip_address"] = host
-    ray.init(address=address, **kwargs)
+    try:
+        ray.init(address=address, **kwargs)
+    except ConnectionAbortedError as exc:
+        if CLIENT_SERVER_FAILED not in str(exc):
+            raise
+        # Ray Client's proxy starts one server process per driver; one that dies while
+        # starting leaves an empty log. Seen once in many runs: one more attempt.
+        print(
+            f"Ray Client at {address}: the cluster could not start a client server for "
+            "this driver (its ray_client_server_*.err); trying once more",
+            file=sys.stderr,
+            flush=True,
+        )
+        ray.shutdown()
+        time.sleep(CLIENT_RETRY_DELAY_S)
+        ray.init(address=address, **kwargs)
 
 
 def node_rooms(resource: str, *, timeout_s: float = 30.0) -> list[NodeRoom]:
