@@ -129,6 +129,10 @@ def terminate(procs: Sequence[subprocess.Popen[bytes]], *, grace_s: float) -> se
     return alive(seen)
 
 
+# Ports `free_port` has given out: it never gives one twice.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
     """A TCP port free on every address now, outside the kernel's ephemeral range, and
     never the same twice in this process. Outside the range because the server binds
@@ -153,7 +157,6 @@ def port_is_free(port: int, host: str = "") -> bool:
     return True
 
 
-_HANDED_OUT: set[int] = set()
 # The kernel gives outgoing connections (and `bind(port 0)`) local ports from this range.
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_DEFAULT_EPHEMERAL_RANGE = (32768, 60999)

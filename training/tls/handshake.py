@@ -60,7 +60,7 @@ def check_handshake(endpoint: str, tls: TLSConfig, *, timeout_s: float) -> None:
             return
         try:
             with socket.create_connection((host, port), timeout=min(remaining, 5.0)) as sock:
-                if _handshake(context, sock, host, endpoint, tls):
+                if _handshake(context, sock, host, port, endpoint, tls):
                     return
             closed += 1
             if closed >= CLOSED_AFTER_HANDSHAKE_LIMIT:
@@ -104,7 +104,12 @@ def _closed_after_handshake(tls: TLSConfig) -> str:
 
 
 def _handshake(
-    context: ssl.SSLContext, sock: socket.socket, host: str, endpoint: str, tls: TLSConfig
+    context: ssl.SSLContext,
+    sock: socket.socket,
+    host: str,
+    port: int,
+    endpoint: str,
+    tls: TLSConfig,
 ) -> bool:
     """True: a TLS session is up and the game kept it; False: it closed it at once."""
     try:
@@ -117,7 +122,7 @@ def _handshake(
             except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionResetError):
                 return False
     except ssl.SSLCertVerificationError as exc:
-        raise UETLSError(endpoint, _verify_failure(exc, host, port_of(endpoint), tls)) from None
+        raise UETLSError(endpoint, _verify_failure(exc, host, port, tls)) from None
     except ssl.SSLError as exc:
         if isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError):
             raise  # the connection went away: transient
@@ -136,10 +141,6 @@ def _handshake(
             )
             raise UETLSError(endpoint, f"refused {which} ({exc.reason})") from None
         raise UETLSError(endpoint, f"failed the TLS handshake: {exc.reason or exc}") from None
-
-
-def port_of(endpoint: str) -> int:
-    return split_endpoint(endpoint)[1]
 
 
 def _verify_failure(exc: ssl.SSLCertVerificationError, host: str, port: int, tls: TLSConfig) -> str:
