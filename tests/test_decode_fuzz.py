@@ -30,14 +30,14 @@ RESET, STEP = "UpdateState(reset)", "UpdateState(step)"
 def _captured_replies(env: UEVectorEnv, steps: int) -> list[tuple[str, bytes]]:
     """Reset and step the env against the real game, keeping every reply's bytes."""
     captured: list[tuple[str, bytes]] = []
-    original = env.client.update
+    original = env.client.update_bytes
 
-    def record(update: pb.StateUpdate, operation: str = "UpdateState") -> pb.State:
-        state = original(update, operation)
-        captured.append((operation, state.SerializeToString()))
-        return state
+    def record(request: bytes, operation: str = "UpdateState") -> bytes:
+        reply = original(request, operation)
+        captured.append((operation, reply))
+        return reply
 
-    env.client.update = record  # type: ignore[method-assign]
+    env.client.update_bytes = record  # type: ignore[method-assign]
     rng = np.random.default_rng(0)
     env.reset(seed=0)
     for _ in range(steps):
@@ -127,11 +127,10 @@ def _mutate_bytes(rng: random.Random, data: bytes) -> bytes:
 
 
 def _decode(env: UEVectorEnv, operation: str, data: bytes) -> None:
-    state = parse_state(data, env.endpoint, operation)
     if operation == RESET:
-        env.decode_reset(state)
+        env.decode_reset(parse_state(data, env.endpoint, operation))
     else:
-        env.decode_step(state)
+        env.decode_step(data)
 
 
 @pytest.mark.parametrize("scenario", ["CartPole-v1", "Pendulum-v1", "two-teams"])
@@ -181,7 +180,7 @@ def test_a_structural_error_names_environment_agent_and_field(mock_ue: MockFacto
         agent = state.training_state.environment_states[1].agent_states["cart_1"]
         agent.observations.box_point.values.append(3.0)
         with pytest.raises(UEProtocolError) as caught:
-            env.decode_step(state)
+            env.decode_step(state.SerializeToString())
         assert "environment 1" in str(caught.value)
         assert "'cart_1'" in str(caught.value) and "observations" in str(caught.value)
     finally:

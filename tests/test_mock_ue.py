@@ -51,7 +51,7 @@ def test_new_client_supersedes_a_session_abandoned_without_closed(mock_ue: MockF
     crashed = GymClient(server.address, startup_timeout_s=5)
     crashed.connect()
     crashed.reset({0: 0})
-    crashed._close_channel()  # vanish without CLOSED, like a killed env runner
+    crashed._close_transport()  # vanish without CLOSED, like a killed env runner
     with GymClient(server.address, startup_timeout_s=5) as client:
         client.connect()
         state = client.reset({0: 0})

@@ -1,8 +1,10 @@
-"""gRPC client for one Schola-enabled UE game instance.
+"""Client for one Schola-enabled UE game instance.
 
 Unlike Schola's reference client, every call has a deadline and keepalive is on,
 so a game that hangs or dies surfaces as a `UEConnectionError` naming the
-endpoint and the operation instead of a hung trainer.
+endpoint and the operation instead of a hung trainer. Calls go through a
+`Transport` (gRPC Python, or uerl's compiled client) as bytes; this class owns
+the session and the messages.
 """
 
 from __future__ import annotations
@@ -10,32 +12,31 @@ from __future__ import annotations
 import logging
 import time
 from types import TracebackType
+from typing import TypeVar
 
-import grpc
 from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
 
 from training.protocol._generated import schola_gym_pb2 as pb
-from training.protocol._generated import schola_gym_pb2_grpc as pb_grpc
 from training.protocol.errors import UEConnectionError, UEProtocolError
+from training.protocol.transport import (
+    CHANNEL_OPTIONS,
+    MAX_MESSAGE_BYTES,
+    CallError,
+    Transport,
+    open_transport,
+)
 from training.tls.config import TLSConfig
 from training.tls.handshake import check_handshake, serves_tls
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 100 * 1024 * 1024
+M = TypeVar("M", bound=ProtoMessage)
 
-CHANNEL_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    # Pings only while a call is in flight: detects a silently vanished game (node
-    # loss, network partition) without tripping servers' idle ping-abuse limits.
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 0),
-    ("grpc.http2.max_pings_without_data", 0),
-    # UpdateState is not idempotent: never let gRPC replay it transparently.
-    ("grpc.enable_retries", 0),
-]
+__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "GymClient", "parse_state"]
+
+SERVICE = "/Schola.GymService/"
+UPDATE_STATE = SERVICE + "UpdateState"
 
 
 class GymClient:
@@ -49,48 +50,36 @@ class GymClient:
         request_timeout_s: float = 60.0,
         close_timeout_s: float = 5.0,
         tls: TLSConfig | None = None,
+        transport: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.startup_timeout_s = startup_timeout_s
         self.request_timeout_s = request_timeout_s
         self.close_timeout_s = close_timeout_s
         self.tls = tls
-        self._channel: grpc.Channel | None = None
-        self._stub: pb_grpc.GymServiceStub | None = None
-        self._update_raw: grpc.UnaryUnaryMultiCallable | None = None
+        # "auto" | "native" | "python"; None: the UERL_GAME_CLIENT setting.
+        self.transport_choice = transport
+        self._transport: Transport | None = None
         self._session_open = False
+
+    @property
+    def transport_name(self) -> str | None:
+        """Which transport carries the calls ("native" or "python"), once connected."""
+        return None if self._transport is None else self._transport.name
 
     # ------------------------------------------------------------------ lifecycle
 
     def connect(self, autoreset: int = pb.NEXT_STEP) -> None:
         """Wait (up to the start timeout) for the game, then StartGymConnector."""
         deadline = time.monotonic() + self.startup_timeout_s
-        if self._channel is None and self.tls is not None:
+        if self._transport is None and self.tls is not None:
             # gRPC would retry a TLS failure until the deadline and then say only
             # that no connection could be made: this names the cause at once.
             check_handshake(self.endpoint, self.tls, timeout_s=self.startup_timeout_s)
-        if self._channel is None:
-            if self.tls is None:
-                self._channel = grpc.insecure_channel(self.endpoint, options=CHANNEL_OPTIONS)
-            else:
-                self._channel = grpc.secure_channel(
-                    self.endpoint, self.tls.credentials(), options=CHANNEL_OPTIONS
-                )
-            self._stub = pb_grpc.GymServiceStub(self._channel)
-            # Replies arrive as bytes and are parsed by `parse_state`, so a reply that is
-            # not a State message is a UEProtocolError naming the game, like any other.
-            self._update_raw = self._channel.unary_unary(
-                "/Schola.GymService/UpdateState",
-                request_serializer=pb.StateUpdate.SerializeToString,
-                response_deserializer=None,
-                _registered_method=True,
-            )
-        try:
-            grpc.channel_ready_future(self._channel).result(
-                timeout=max(deadline - time.monotonic(), 0.1)
-            )
-        except grpc.FutureTimeoutError:
-            self._close_channel()
+        if self._transport is None:
+            self._transport = open_transport(self.endpoint, self.tls, self.transport_choice)
+        if not self._transport.wait_ready(max(deadline - time.monotonic(), 0.1)):
+            self._close_transport()
             why = "no gRPC connection could be made"
             if self.tls is None and serves_tls(self.endpoint):
                 why = "it serves TLS and this client connects without: give it the game's CA"
@@ -98,35 +87,26 @@ class GymClient:
                 self.endpoint,
                 "StartGymConnector",
                 f"did not answer StartGymConnector within {self.startup_timeout_s:g} s ({why})",
-            ) from None
+            )
         remaining = max(deadline - time.monotonic(), 0.1)
-        self._call(
-            "StartGymConnector",
-            self._require_stub().StartGymConnector,
-            pb.GymConnectorStartRequest(autoreset_type=autoreset),
-            remaining,
-            wait_for_ready=True,
-        )
+        request = pb.GymConnectorStartRequest(autoreset_type=autoreset)
+        self._call("StartGymConnector", request.SerializeToString(), remaining)
         self._session_open = True
 
     def close(self) -> None:
         """Send CLOSED (best effort, short deadline) and release the channel. Idempotent."""
-        if self._channel is None:
+        if self._transport is None:
             return
         try:
             if self._session_open:
                 self._session_open = False
-                self._call(
-                    "UpdateState(CLOSED)",
-                    self._require_stub().UpdateState,
-                    pb.StateUpdate(status=pb.CLOSED),
-                    self.close_timeout_s,
-                )
+                request = pb.StateUpdate(status=pb.CLOSED).SerializeToString()
+                self._call("UpdateState(CLOSED)", request, self.close_timeout_s)
         except (UEConnectionError, UEProtocolError) as exc:
             # The game may already be gone; closing must not mask the original failure.
             log.warning("closing session: %s", exc)
         finally:
-            self._close_channel()
+            self._close_transport()
 
     def __enter__(self) -> GymClient:
         return self
@@ -142,18 +122,20 @@ class GymClient:
     # ------------------------------------------------------------------ calls
 
     def training_definition(self) -> pb.TrainingDefinition:
-        return self._call(
-            "RequestTrainingDefinition",
-            self._require_stub().RequestTrainingDefinition,
-            pb.TrainingDefinitionRequest(),
-            self.request_timeout_s,
+        operation = "RequestTrainingDefinition"
+        data = self._call(
+            operation, pb.TrainingDefinitionRequest().SerializeToString(), self.request_timeout_s
         )
+        return _parse(pb.TrainingDefinition, data, self.endpoint, operation)
 
     def update(self, update: pb.StateUpdate, operation: str = "UpdateState") -> pb.State:
         """Send a prepared StateUpdate (reset or step) and return the game's State."""
-        self._require_stub()
-        data = self._call(operation, self._update_raw, update, self.request_timeout_s)
+        data = self.update_bytes(update.SerializeToString(), operation)
         return parse_state(data, self.endpoint, operation)
+
+    def update_bytes(self, request: bytes, operation: str = "UpdateState(step)") -> bytes:
+        """UpdateState with an encoded request; the reply's bytes, for the step codecs."""
+        return self._call(operation, request, self.request_timeout_s)
 
     def reset(
         self, seeds: dict[int, int | None], options: dict[str, str] | None = None
@@ -175,55 +157,46 @@ class GymClient:
 
     # ------------------------------------------------------------------ internals
 
-    def _require_stub(self) -> pb_grpc.GymServiceStub:
-        if self._stub is None:
+    def _call(self, operation: str, request: bytes, timeout_s: float) -> bytes:
+        if self._transport is None:
             raise UEConnectionError(
                 self.endpoint, "UpdateState", "is not connected (session closed or never opened)"
             )
-        return self._stub
-
-    def _call(
-        self,
-        operation: str,
-        method,
-        request,
-        timeout_s: float,
-        wait_for_ready: bool = False,
-    ):
+        method = SERVICE + operation.split("(", 1)[0]
         try:
-            return method(request, timeout=timeout_s, wait_for_ready=wait_for_ready)
-        except grpc.RpcError as exc:
+            return self._transport.call(method, request, timeout_s)
+        except CallError as exc:
             raise self._translate(exc, operation, timeout_s) from exc
 
-    def _translate(self, exc: grpc.RpcError, operation: str, timeout_s: float) -> Exception:
-        code = exc.code() if hasattr(exc, "code") else None
-        details = exc.details() if hasattr(exc, "details") else str(exc)
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+    def _translate(self, exc: CallError, operation: str, timeout_s: float) -> Exception:
+        if exc.code == "DEADLINE_EXCEEDED":
             return UEConnectionError(
                 self.endpoint, operation, f"did not answer {operation} within {timeout_s:g} s"
             )
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        if exc.code in ("UNAVAILABLE", "CANCELLED"):
             return UEConnectionError(
-                self.endpoint, operation, f"went away during {operation}: {details}"
+                self.endpoint, operation, f"went away during {operation}: {exc.details}"
             )
-        return UEProtocolError(
-            self.endpoint, operation, f"gRPC status {code.name if code else code}: {details}"
-        )
+        return UEProtocolError(self.endpoint, operation, f"gRPC status {exc.code}: {exc.details}")
 
-    def _close_channel(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-        self._channel = None
-        self._stub = None
-        self._update_raw = None
+    def _close_transport(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        self._transport = None
         self._session_open = False
+
+
+def _parse(kind: type[M], data: bytes, endpoint: str, operation: str) -> M:
+    try:
+        return kind.FromString(data)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise UEProtocolError(
+            endpoint,
+            operation,
+            f"reply of {len(data)} bytes is not a {kind.__name__} message ({exc})",
+        ) from None
 
 
 def parse_state(data: bytes, endpoint: str, operation: str) -> pb.State:
     """A reply's bytes as a State message; anything else is the game's protocol error."""
-    try:
-        return pb.State.FromString(data)
-    except (DecodeError, RuntimeWarning, ValueError) as exc:
-        raise UEProtocolError(
-            endpoint, operation, f"reply of {len(data)} bytes is not a State message ({exc})"
-        ) from None
+    return _parse(pb.State, data, endpoint, operation)

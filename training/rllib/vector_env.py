@@ -23,9 +23,12 @@ from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol.client import GymClient
 from training.protocol.errors import UEProtocolError
 from training.protocol.game_spec import GameSpec, game_spec_from_definition
+from training.protocol.step_codec import open_step_codec
+from training.protocol.step_layout import AgentColumns, StepLayout, WireError
 from training.tls.config import TLSConfig
 
 ALL = "__all__"
+STEP = "UpdateState(step)"
 
 
 class UESubEnv(MultiAgentEnv):
@@ -92,11 +95,13 @@ class UEVectorEnv(VectorMultiAgentEnv):
         self.single_action_spaces = {a: game.agents[a].action_space for a in self.possible_agents}
         self.single_observation_space = gym.spaces.Dict(self.single_observation_spaces)
         self.single_action_space = gym.spaces.Dict(self.single_action_spaces)
-        n = self.num_envs
-        # Per environment and episode: agents seen, agents done; and whether the game will
-        # answer the next step with a restart (NEXT_STEP autoreset).
-        self._seen: list[set[str]] = [set() for _ in range(n)]
-        self._done: list[set[str]] = [set() for _ in range(n)]
+        self.layout = StepLayout(self.single_observation_spaces, self.single_action_spaces)
+        self.codec = open_step_codec(self.layout)
+        # Per environment (row) and agent (column, sorted ids) this episode: seen, and
+        # seen end; and whether the game answers the next step with a restart (NEXT_STEP).
+        n, agents = self.num_envs, len(self.possible_agents)
+        self._seen = np.zeros((n, agents), np.bool_)
+        self._done = np.zeros((n, agents), np.bool_)
         self._restarting = np.zeros(n, np.bool_)
 
     # ------------------------------------------------------------------ API
@@ -138,8 +143,8 @@ class UEVectorEnv(VectorMultiAgentEnv):
                 raise UEProtocolError(self.endpoint, op, f"environment {i}: no agent observed")
             observations.append(obs)
             infos.append(info)
-            self._seen[i] = set(obs)
-            self._done[i] = set()
+            self._seen[i] = [aid in obs for aid in self.possible_agents]
+        self._done[:] = False
         self._restarting[:] = False
         return observations, infos
 
@@ -147,115 +152,99 @@ class UEVectorEnv(VectorMultiAgentEnv):
         n = self.num_envs
         if len(actions) != n:
             raise ValueError(f"{len(actions)} action dicts for {n} environments")
-        update = pb.StateUpdate()
-        env_steps = update.step.environments
-        # Gather each agent's actions across environments, then encode them as one batch.
-        points: dict[str, list[pb.Point]] = {aid: [] for aid in self.possible_agents}
-        values: dict[str, list[Any]] = {aid: [] for aid in self.possible_agents}
-        for i, agent_actions in enumerate(actions):
-            updates = env_steps.add().updates
-            for aid, action in agent_actions.items():
-                if aid not in points:
-                    raise ValueError(f"environment {i}: action for unknown agent {aid!r}")
-                points[aid].append(updates[aid])
-                values[aid].append(action)
-        for aid, agent_points in points.items():
-            if agent_points:
-                space = self.single_action_spaces[aid]
-                batch = codec.stack_values(space, values[aid])
-                codec.batch_to_points(space, batch, agent_points, f"action of {aid!r}")
-        state = self.client.step(update)
-        return self.decode_step(state)
+        request = self.codec.encode(n, self.layout.gather(actions))
+        return self.decode_step(self.client.update_bytes(request, STEP))
 
     def close_extras(self, **kwargs: Any) -> None:
         self.client.close()
 
     # ------------------------------------------------------------------ decoding
 
-    def decode_step(self, state: pb.State) -> tuple[list, list, list, list, list]:
-        """The step reply as RLlib's five per-environment lists (validated)."""
-        op = "UpdateState(step)"
+    def decode_step(self, data: bytes) -> tuple[list, list, list, list, list]:
+        """The step reply's bytes as RLlib's five per-environment lists (validated)."""
+        try:
+            num_envs, columns = self.codec.decode(data)
+        except WireError as exc:
+            raise UEProtocolError(self.endpoint, STEP, str(exc)) from None
         n = self.num_envs
-        if not state.HasField("training_state"):
-            raise UEProtocolError(self.endpoint, op, "reply has no training_state")
-        env_states = state.training_state.environment_states
-        if len(env_states) != n:
+        if num_envs != n:
             raise UEProtocolError(
-                self.endpoint, op, f"reply has {len(env_states)} environments, expected {n}"
+                self.endpoint, STEP, f"reply has {num_envs} environments, expected {n}"
             )
+        # Episode bookkeeping for all environments at once: which agents each has seen
+        # and seen end this episode, and which restart on this step (NEXT_STEP autoreset).
+        restarting = self._restarting
+        present = np.zeros((n, len(self.possible_agents)), np.bool_)
+        ended = np.zeros_like(present)
+        cut = np.zeros_like(present)
+        for k, col in enumerate(columns):
+            present[col.env, k] = True
+            ended[col.env, k] = col.terminated | col.truncated
+            cut[col.env, k] = col.truncated
+        fresh = restarting[:, None]
+        seen = np.where(fresh, present, self._seen | present)
+        done = np.where(fresh, False, self._done | ended)
+        finished = ~restarting & seen.any(1) & ~(seen & ~done).any(1)
+        term_all = (finished & ~cut.any(1)).tolist()
+        trunc_all = (finished & cut.any(1)).tolist()
+        self._seen, self._done, self._restarting = seen, done, finished
+
+        if len(columns) == 1 and len(columns[0].env) == n:
+            return self._one_agent_everywhere(columns[0], restarting, term_all, trunc_all)
         observations: list[dict[str, Any]] = [{} for _ in range(n)]
         rewards: list[dict[str, float]] = [{} for _ in range(n)]
         terminateds: list[dict[str, bool]] = [{} for _ in range(n)]
         truncateds: list[dict[str, bool]] = [{} for _ in range(n)]
         infos: list[dict[str, dict[str, str]]] = [{} for _ in range(n)]
-        # Group agent states by agent so each agent's observations decode as one batch.
-        where: dict[str, list[int]] = {aid: [] for aid in self.possible_agents}
-        states: dict[str, list[pb.AgentState]] = {aid: [] for aid in self.possible_agents}
-        for i, env_state in enumerate(env_states):
-            for aid, st in env_state.agent_states.items():
-                if aid not in where:
-                    raise UEProtocolError(
-                        self.endpoint, op, f"environment {i}: unknown agent {aid!r}"
-                    )
-                where[aid].append(i)
-                states[aid].append(st)
-        for aid, indices in where.items():
-            if not indices:
+        for k, col in enumerate(columns):
+            rows = len(col.env)
+            if not rows:
                 continue
-            sts = states[aid]
-            obs = self._decode_observations(aid, indices, [st.observations for st in sts], op)
-            reward = np.fromiter((st.reward for st in sts), np.float32, count=len(sts))
-            if np.isnan(reward).any():
-                bad = indices[int(np.flatnonzero(np.isnan(reward))[0])]
-                raise UEProtocolError(
-                    self.endpoint, op, f"environment {bad} agent {aid!r} reward is NaN"
-                )
-            for k, (i, st) in enumerate(zip(indices, sts, strict=True)):
-                observations[i][aid] = obs[k]
-                rewards[i][aid] = float(reward[k])
-                terminateds[i][aid] = st.terminated
-                truncateds[i][aid] = st.truncated
-                infos[i][aid] = dict(st.info) if st.info else {}
+            aid = self.possible_agents[k]
+            obs = self._rows(k, col, rows)
+            # NEXT_STEP: a restarting environment answers its reset observation,
+            # with reward 0 and nothing done.
+            again = restarting[col.env]
+            reward = np.where(again, 0.0, col.reward).tolist()
+            term = (col.terminated & ~again).tolist()
+            trunc = (col.truncated & ~again).tolist()
+            info_at = dict(col.infos)
+            for row, i in enumerate(col.env.tolist()):
+                observations[i][aid] = obs[row]
+                rewards[i][aid] = reward[row]
+                terminateds[i][aid] = term[row]
+                truncateds[i][aid] = trunc[row]
+                infos[i][aid] = info_at.get(row, {})
         for i in range(n):
-            obs_i, term, trunc = observations[i], terminateds[i], truncateds[i]
-            if self._restarting[i]:
-                # NEXT_STEP: this is the environment's reset observation.
-                self._restarting[i] = False
-                self._seen[i] = set(obs_i)
-                self._done[i] = set()
-                rewards[i] = dict.fromkeys(obs_i, 0.0)
-                terminateds[i] = term = dict.fromkeys(obs_i, False)
-                truncateds[i] = trunc = dict.fromkeys(obs_i, False)
-                term[ALL] = trunc[ALL] = False
-                continue
-            seen, done = self._seen[i], self._done[i]
-            seen.update(obs_i)
-            done.update(a for a in obs_i if term[a] or trunc[a])
-            finished = bool(seen) and done >= seen
-            ended_by_termination = finished and not any(trunc.values())
-            term[ALL] = ended_by_termination
-            trunc[ALL] = finished and not ended_by_termination
-            if finished:
-                self._restarting[i] = True
+            terminateds[i][ALL] = term_all[i]
+            truncateds[i][ALL] = trunc_all[i]
         return observations, rewards, terminateds, truncateds, infos
 
-    def _decode_observations(
-        self, aid: str, indices: list[int], points: list[pb.Point], op: str
-    ) -> list[Any]:
-        space = self.single_observation_spaces[aid]
-        try:
-            batch = codec.points_to_batch(space, points)
-        except codec.CodecError:
-            # Slow path, errors only: find which environment sent the bad point.
-            for i, point in zip(indices, points, strict=True):
-                try:
-                    codec.point_to_value(space, point)
-                except codec.CodecError as exc:
-                    raise UEProtocolError(
-                        self.endpoint, op, f"environment {i} agent {aid!r} observations: {exc}"
-                    ) from None
-            raise
-        return codec.batch_rows(space, batch, len(points))
+    def _one_agent_everywhere(
+        self, col: AgentColumns, restarting: np.ndarray, term_all: list, trunc_all: list
+    ) -> tuple[list, list, list, list, list]:
+        """The common case (one agent, in every environment) without per-row indexing."""
+        n = self.num_envs
+        (aid,) = self.possible_agents
+        obs = self._rows(0, col, n)
+        reward, term, trunc = col.reward, col.terminated, col.truncated
+        if restarting.any():
+            reward = np.where(restarting, 0.0, reward)
+            term, trunc = term & ~restarting, trunc & ~restarting
+        infos: list[dict[str, dict[str, str]]] = [{aid: {}} for _ in range(n)]
+        for row, info in col.infos:
+            infos[row][aid] = info
+        return (
+            [{aid: o} for o in obs],
+            [{aid: r} for r in reward.tolist()],
+            [{aid: t, ALL: a} for t, a in zip(term.tolist(), term_all, strict=True)],
+            [{aid: t, ALL: a} for t, a in zip(trunc.tolist(), trunc_all, strict=True)],
+            infos,
+        )
+
+    def _rows(self, k: int, col: AgentColumns, rows: int) -> list[Any]:
+        batch = self.layout.observations(k, col.leaves, rows)
+        return codec.batch_rows(self.layout.observation_spaces[k], batch, rows)
 
     def _decode_initial(
         self, agent_states: Mapping[str, pb.InitialAgentState], i: int, op: str
