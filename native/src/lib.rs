@@ -16,6 +16,7 @@ mod schola {
     include!(concat!(env!("OUT_DIR"), "/schola.rs"));
 }
 mod codec;
+mod http2;
 mod transport;
 
 use pyo3::prelude::*;

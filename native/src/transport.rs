@@ -1,15 +1,20 @@
-//! A blocking gRPC unary-call transport for Python: tonic over a current-thread runtime.
+//! The client side: a blocking gRPC unary-call channel for Python (GIL released).
+//!
+//! One TCP connection, one call at a time, driven by the calling thread: no runtime,
+//! no hand-offs between threads, one write and usually one read per call. Every call
+//! has a deadline, sent as `grpc-timeout` and enforced on the socket, so a hung or
+//! vanished game is an error naming the cause, never a hang.
 
+use std::io;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, Bytes};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::transport::{Channel as TonicChannel, Endpoint};
-use tonic::{Code, Status};
+
+use crate::http2::{self, header, Block, Connection, Incoming};
 
 create_exception!(
     uerl_native,
@@ -18,91 +23,191 @@ create_exception!(
     "A failed call: args are (gRPC status code as int, details)."
 );
 
-/// Requests and replies pass through as bytes: Python (or `StepCodec`) owns the messages.
-#[derive(Clone, Copy, Default)]
-struct RawCodec;
-struct RawEncoder;
-struct RawDecoder;
+// gRPC status codes used here (grpc/status.h).
+const CANCELLED: i32 = 1;
+const UNKNOWN: i32 = 2;
+const INVALID_ARGUMENT: i32 = 3;
+const DEADLINE_EXCEEDED: i32 = 4;
+const RESOURCE_EXHAUSTED: i32 = 8;
+const INTERNAL: i32 = 13;
+const UNAVAILABLE: i32 = 14;
 
-impl Codec for RawCodec {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = RawEncoder;
-    type Decoder = RawDecoder;
-    fn encoder(&mut self) -> RawEncoder {
-        RawEncoder
-    }
-    fn decoder(&mut self) -> RawDecoder {
-        RawDecoder
-    }
-}
+// Static-table entries (RFC 7541, appendix A) of a gRPC request's headers.
+const METHOD_POST: usize = 3;
+const SCHEME_HTTP: usize = 6;
+const NAME_AUTHORITY: usize = 1;
+const NAME_PATH: usize = 4;
+const NAME_CONTENT_TYPE: usize = 31;
 
-impl Encoder for RawEncoder {
-    type Item = Bytes;
-    type Error = Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
+type Failure = (i32, String);
 
-impl Decoder for RawDecoder {
-    type Item = Bytes;
-    type Error = Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
+fn io_failure(err: io::Error, deadline: Instant) -> Failure {
+    match err.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            (DEADLINE_EXCEEDED, "deadline exceeded".into())
+        }
+        _ if Instant::now() >= deadline => (DEADLINE_EXCEEDED, "deadline exceeded".into()),
+        io::ErrorKind::InvalidData => (INTERNAL, format!("HTTP/2 protocol error: {err}")),
+        _ => (UNAVAILABLE, format!("connection lost: {err}")),
     }
 }
 
-fn rpc_error(code: Code, details: impl Into<String>) -> PyErr {
-    RpcError::new_err((code as i32, details.into()))
+fn resolve(address: &str) -> io::Result<Vec<SocketAddr>> {
+    Ok(address.to_socket_addrs()?.collect())
 }
 
-/// Whether `address` answers an HTTP/2 preface with its SETTINGS: what "ready" means for
-/// gRPC Python too. A TCP accept alone is not enough: a game still loading, or a TLS
-/// server spoken to in plaintext, accepts and then never answers.
-async fn speaks_http2(address: &str) -> Result<(), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
-    const SETTINGS: u8 = 0x4;
-    let mut stream = tokio::net::TcpStream::connect(address).await.map_err(|e| e.to_string())?;
-    stream.write_all(PREFACE).await.map_err(|e| e.to_string())?;
-    let mut header = [0u8; 9];
-    stream
-        .read_exact(&mut header)
-        .await
-        .map_err(|e| format!("no HTTP/2 answer: {e}"))?;
-    if header[3] != SETTINGS {
-        return Err("the answer is not HTTP/2".into());
+/// A TCP connection that completed the HTTP/2 handshake: the peer answered with its
+/// SETTINGS. (A TCP accept alone proves little: a game still loading, or a TLS server
+/// spoken to in plaintext, accepts and never answers.)
+fn open(address: &str, deadline: Instant) -> io::Result<Connection> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{address} resolves to nothing"));
+    for addr in resolve(address)? {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        match TcpStream::connect_timeout(&addr, left) {
+            Ok(socket) => {
+                socket.set_read_timeout(Some(left))?;
+                socket.set_write_timeout(Some(left))?;
+                let mut conn = Connection::new(socket)?;
+                conn.start(true)?;
+                conn.await_settings()?;
+                return Ok(conn);
+            }
+            Err(err) => last = err,
+        }
     }
-    Ok(())
+    Err(last)
 }
 
-/// Transport failures arrive as UNKNOWN "transport error": a connection that timed out
-/// (a listener that never speaks HTTP/2) is a game that did not answer in time; the rest
-/// (refused, reset, GOAWAY) mean the game went away, which is what UNAVAILABLE says.
-fn classify(status: Status) -> PyErr {
-    let mut details = status.message().to_string();
-    let mut source = std::error::Error::source(&status);
-    while let Some(err) = source {
-        details.push_str(": ");
-        details.push_str(&err.to_string());
-        source = err.source();
+fn grpc_timeout(timeout: Duration) -> String {
+    let ms = timeout.as_millis().max(1);
+    if ms < 100_000_000 {
+        format!("{ms}m")
+    } else {
+        format!("{}S", timeout.as_secs().min(99_999_999))
     }
-    let code = match status.code() {
-        _ if details.contains("Timeout expired") => Code::DeadlineExceeded,
-        Code::Unknown if status.message().contains("transport error") => Code::Unavailable,
-        other => other,
-    };
-    rpc_error(code, details)
+}
+
+fn status_of(headers: &http2::Headers) -> Option<Result<(), Failure>> {
+    let code = header(headers, b"grpc-status")?;
+    let code: i32 = std::str::from_utf8(code).ok()?.trim().parse().ok()?;
+    if code == 0 {
+        return Some(Ok(()));
+    }
+    let message = header(headers, b"grpc-message").map(http2::percent_decode).unwrap_or_default();
+    Some(Err((code, message)))
+}
+
+struct Live {
+    conn: Connection,
+    next_stream: u32,
+    read_timeout: Option<Duration>,
+}
+
+impl Live {
+    fn call(
+        &mut self,
+        authority: &[u8],
+        path: &[u8],
+        request: &[u8],
+        timeout: Duration,
+        max_reply: usize,
+    ) -> Result<Vec<u8>, Failure> {
+        let deadline = Instant::now() + timeout;
+        if self.read_timeout != Some(timeout) {
+            // One setsockopt per distinct timeout, not per call: deadlines are checked per frame.
+            let socket = self.conn.socket();
+            let limit = Some(timeout.max(Duration::from_millis(1)));
+            socket.set_read_timeout(limit).and_then(|_| socket.set_write_timeout(limit)).map_err(|e| io_failure(e, deadline))?;
+            self.read_timeout = Some(timeout);
+        }
+        if let Some(last) = self.conn.last_stream {
+            return Err((UNAVAILABLE, format!("the game is closing the connection (GOAWAY after stream {last})")));
+        }
+        let stream = self.next_stream;
+        self.next_stream += 2;
+        let headers = Block::default()
+            .indexed(METHOD_POST)
+            .indexed(SCHEME_HTTP)
+            .named(NAME_PATH, path)
+            .named(NAME_AUTHORITY, authority)
+            .named(NAME_CONTENT_TYPE, b"application/grpc")
+            .literal(b"te", b"trailers")
+            .literal(b"grpc-timeout", grpc_timeout(timeout).as_bytes());
+        let mut parked = Vec::new();
+        let body = http2::grpc_frame(request);
+        self.conn.send(stream, &headers, Some(&body), None, &mut parked).map_err(|e| io_failure(e, deadline))?;
+        let mut got_headers = false;
+        let mut data: Vec<u8> = Vec::new();
+        loop {
+            let incoming = match parked.pop() {
+                Some(frame) => frame,
+                None => self.conn.next().map_err(|e| io_failure(e, deadline))?,
+            };
+            if Instant::now() > deadline {
+                return Err((DEADLINE_EXCEEDED, "deadline exceeded".into()));
+            }
+            match incoming {
+                Incoming::Headers { stream: s, end_stream, headers } if s == stream => {
+                    if !got_headers {
+                        got_headers = true;
+                        match header(&headers, b":status") {
+                            Some(b"200") => {}
+                            other => {
+                                let status = String::from_utf8_lossy(other.unwrap_or(b"none")).into_owned();
+                                return Err((UNKNOWN, format!("HTTP status {status} instead of a gRPC reply")));
+                            }
+                        }
+                        if !end_stream {
+                            continue;
+                        }
+                    } else if !end_stream {
+                        return Err((INTERNAL, "a second header block that does not end the reply".into()));
+                    }
+                    // Trailers (or a trailers-only reply): the call's status.
+                    match status_of(&headers) {
+                        Some(Ok(())) => {}
+                        Some(Err(failure)) => return Err(failure),
+                        None => return Err((UNKNOWN, "the reply has no grpc-status".into())),
+                    }
+                    return http2::grpc_unframe(&data)
+                        .map(<[u8]>::to_vec)
+                        .map_err(|e| (INTERNAL, format!("reply: {e}")));
+                }
+                Incoming::Data { stream: s, data: chunk, end_stream } if s == stream => {
+                    data.extend_from_slice(&chunk);
+                    if data.len() > max_reply + 5 {
+                        return Err((RESOURCE_EXHAUSTED, format!("reply larger than {max_reply} bytes")));
+                    }
+                    if end_stream {
+                        return Err((INTERNAL, "the reply ended without trailers".into()));
+                    }
+                }
+                Incoming::Reset { stream: s, code } if s == stream => {
+                    // RST_STREAM codes (RFC 9113, 7): REFUSED_STREAM may be retried, CANCEL is a cancel.
+                    let status = match code {
+                        0x7 => UNAVAILABLE,
+                        0x8 => CANCELLED,
+                        0xb => RESOURCE_EXHAUSTED,
+                        _ => INTERNAL,
+                    };
+                    return Err((status, format!("the game reset the call (HTTP/2 error {code})")));
+                }
+                Incoming::GoAway { last_stream, debug, .. } if last_stream < stream => {
+                    return Err((UNAVAILABLE, format!("the game closed the connection (GOAWAY {debug})")));
+                }
+                _ => {} // frames of earlier, abandoned calls
+            }
+        }
+    }
 }
 
 #[pyclass(module = "uerl_native")]
 pub struct Channel {
-    runtime: tokio::runtime::Runtime,
-    endpoint: Endpoint,
     address: String,
-    channel: Option<TonicChannel>,
+    live: Option<Live>,
     max_message_bytes: usize,
 }
 
@@ -110,118 +215,92 @@ pub struct Channel {
 impl Channel {
     /// A plaintext channel to `host:port`; nothing is connected until `wait_ready`.
     #[new]
-    #[pyo3(signature = (address, max_message_bytes, keepalive_s=20.0, keepalive_timeout_s=10.0))]
-    fn new(
-        address: &str,
-        max_message_bytes: usize,
-        keepalive_s: f64,
-        keepalive_timeout_s: f64,
-    ) -> PyResult<Self> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| rpc_error(Code::Internal, format!("tokio runtime: {e}")))?;
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| rpc_error(Code::InvalidArgument, format!("bad address {address:?}: {e}")))?
-            // Pings only while a call is in flight (the runtime runs only then): a vanished
-            // game is detected without tripping a server's idle ping-abuse limit.
-            .http2_keep_alive_interval(Duration::from_secs_f64(keepalive_s))
-            .keep_alive_timeout(Duration::from_secs_f64(keepalive_timeout_s))
-            .keep_alive_while_idle(false)
-            .tcp_nodelay(true);
-        Ok(Self { runtime, endpoint, address: address.to_string(), channel: None, max_message_bytes })
+    fn new(address: &str, max_message_bytes: usize) -> PyResult<Self> {
+        let valid = address.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !valid {
+            return Err(RpcError::new_err((INVALID_ARGUMENT, format!("bad address {address:?}: expected host:port"))));
+        }
+        Ok(Self { address: address.to_string(), live: None, max_message_bytes })
     }
 
     /// Connect, retrying with backoff until `timeout_s`: a game may still be starting.
     fn wait_ready(&mut self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
-        if self.channel.is_some() {
+        if self.live.is_some() {
             return Ok(());
         }
-        let endpoint = self.endpoint.clone();
         let address = self.address.clone();
-        let result = py.allow_threads(|| {
-            self.runtime.block_on(async move {
-                let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.max(0.0));
-                let mut backoff = Duration::from_millis(20);
-                loop {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let attempt = endpoint.clone().connect_timeout(left.max(Duration::from_millis(1)));
-                    let connect = async {
-                        speaks_http2(&address).await?;
-                        attempt.connect().await.map_err(|e| e.to_string())
-                    };
-                    match tokio::time::timeout(left, connect).await {
-                        Ok(Ok(channel)) => return Ok(channel),
-                        Ok(Err(err)) if Instant::now() + backoff < deadline => {
-                            let _ = err;
-                            tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(Duration::from_millis(500));
+        let result = py.allow_threads(move || {
+            let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.max(0.0));
+            let mut backoff = Duration::from_millis(20);
+            loop {
+                match open(&address, deadline) {
+                    Ok(conn) => return Ok(conn),
+                    Err(err) => {
+                        if Instant::now() + backoff >= deadline {
+                            return Err(format!("no HTTP/2 connection within {timeout_s} s: {err}"));
                         }
-                        Ok(Err(err)) => {
-                            return Err(format!("no connection to {address} within {timeout_s} s: {err}"))
-                        }
-                        Err(_) => return Err(format!("no connection to {address} within {timeout_s} s")),
+                        std::thread::sleep(backoff);
+                        backoff = (backoff * 2).min(Duration::from_millis(500));
                     }
                 }
-            })
+            }
         });
         match result {
-            Ok(channel) => {
-                self.channel = Some(channel);
+            Ok(conn) => {
+                self.live = Some(Live { conn, next_stream: 1, read_timeout: None });
                 Ok(())
             }
-            Err(msg) => Err(rpc_error(Code::Unavailable, msg)),
+            Err(msg) => Err(RpcError::new_err((UNAVAILABLE, msg))),
         }
     }
 
     /// One unary call, e.g. `call("/Schola.GymService/UpdateState", request, 60.0)`.
+    /// After a failure the connection is dropped; the next call opens a new one.
     fn call<'py>(
-        &self,
+        &mut self,
         py: Python<'py>,
         method: &str,
         request: &[u8],
         timeout_s: f64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let Some(channel) = self.channel.clone() else {
-            return Err(rpc_error(Code::Unavailable, "not connected"));
-        };
-        let path = http::uri::PathAndQuery::try_from(method)
-            .map_err(|e| rpc_error(Code::InvalidArgument, format!("bad method {method:?}: {e}")))?;
-        let body = Bytes::copy_from_slice(request);
+        let timeout = Duration::from_secs_f64(timeout_s.max(0.001));
         let max = self.max_message_bytes;
-        let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
-        let reply: Result<Bytes, PyErr> = py.allow_threads(|| {
-            self.runtime.block_on(async move {
-                let mut grpc = tonic::client::Grpc::new(channel)
-                    .max_decoding_message_size(max)
-                    .max_encoding_message_size(max);
-                let call = async {
-                    grpc.ready().await.map_err(|e| {
-                        rpc_error(Code::Unavailable, format!("channel not ready: {e}"))
-                    })?;
-                    let mut req = tonic::Request::new(body);
-                    req.set_timeout(timeout);
-                    grpc.unary(req, path, RawCodec)
-                        .await
-                        .map(tonic::Response::into_inner)
-                        .map_err(classify)
-                };
-                match tokio::time::timeout(timeout, call).await {
-                    Ok(result) => result,
-                    Err(_) => Err(rpc_error(Code::DeadlineExceeded, "deadline exceeded")),
+        let address = self.address.as_str();
+        let mut live = self.live.take();
+        let result = py.allow_threads(|| {
+            let deadline = Instant::now() + timeout;
+            let live_ref = match &mut live {
+                Some(l) => l,
+                None => {
+                    let conn = open(address, deadline).map_err(|e| io_failure(e, deadline))?;
+                    live.insert(Live { conn, next_stream: 1, read_timeout: None })
                 }
-            })
+            };
+            live_ref.call(address.as_bytes(), method.as_bytes(), request, timeout, max)
         });
-        Ok(PyBytes::new(py, &reply?))
+        match result {
+            Ok(reply) => {
+                self.live = live;
+                Ok(PyBytes::new(py, &reply))
+            }
+            // A game's own error status leaves the connection usable; anything else drops it.
+            Err((code, details)) => {
+                let transport = matches!(code, UNAVAILABLE | DEADLINE_EXCEEDED | INTERNAL);
+                if !transport {
+                    self.live = live;
+                }
+                Err(RpcError::new_err((code, details)))
+            }
+        }
     }
 
     /// Drop the connection; the object can `wait_ready` again.
     fn close(&mut self) {
-        self.channel = None;
+        self.live = None;
     }
 
     #[getter]
     fn connected(&self) -> bool {
-        self.channel.is_some()
+        self.live.is_some()
     }
 }
