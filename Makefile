@@ -5,32 +5,49 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.uerl-installed
+NATIVE_STAMP := $(VENV)/.uerl-native-installed
+# The compiled game client's sources: rebuilt when they (or the protocol) change.
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/build.rs native/pyproject.toml \
+	$(wildcard native/src/*.rs) protos/schola/schola_gym.proto
+# Cargo's build cache, outside the work tree: a rebuild after a change takes seconds.
+CARGO_TARGET_DIR ?= $(HOME)/.cache/uerl-native/target
 
 .PHONY: setup local test test-slow lint bench render images clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(NATIVE_STAMP)
 
 # torch first, pinned: the PyPI build (with its CUDA libraries, a few GB);
 # the rest then resolves against it instead of pulling another torch.
 $(STAMP): pyproject.toml
-	@echo "setup 1/4: virtualenv $(VENV) ($(PYTHON))"
+	@echo "setup 1/5: virtualenv $(VENV) ($(PYTHON))"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "setup 2/4: pip"
+	@echo "setup 2/5: pip"
 	@$(BIN)/python -m pip install -q --upgrade pip
-	@echo "setup 3/4: torch 2.13.0 (the PyPI build with its CUDA libraries: a few GB, first run only)"
+	@echo "setup 3/5: torch 2.13.0 (the PyPI build with its CUDA libraries: a few GB, first run only)"
 	@$(BIN)/python -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
 		&& echo "  already installed" \
 		|| $(BIN)/python -m pip install --progress-bar on torch==2.13.0
-	@echo "setup 4/4: uerl and its dependencies (Ray, RLlib, Pulumi SDKs, test tools)"
+	@echo "setup 4/5: uerl and its dependencies (Ray, RLlib, Pulumi SDKs, test tools)"
 	@# setuptools' "Editable installation" banner is advice for src-less layouts, not a problem.
 	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e '.[infra,train,dev]'
 	@touch $(STAMP)
+
+# The compiled game client (native/: Rust, built by maturin into the virtualenv). Without
+# cargo, uerl runs everything on its pure-Python client (README: Performance).
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	@if command -v cargo >/dev/null 2>&1; then \
+		echo "setup 5/5: compiled game client (native/, cargo build --release, ~2 min the first time)"; \
+		CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(BIN)/python -m pip install -q ./native; \
+	else \
+		echo "setup 5/5: no cargo on this machine: the pure-Python game client is used"; \
+	fi
+	@touch $(NATIVE_STAMP)
 	@echo "setup done: $(BIN)/uerl"
 
-local: $(STAMP)
+local: setup
 	$(BIN)/uerl local $(ARGS)
 
-lint: $(STAMP)
+lint: setup
 	$(BIN)/ruff check .
 
 # Serial by default: measured here, `PYTEST_XDIST="-n 2 --dist loadgroup
@@ -40,24 +57,24 @@ lint: $(STAMP)
 # (module fixtures on one worker, the process-leak check per worker).
 PYTEST_XDIST ?=
 
-test: $(STAMP)
+test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -ra --durations=15 -m "not k8s and not slow" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # The long end-to-end training runs (game faults, learning, Ray Jobs, resume, both
 # patterns, signals): CI runs them after `make test`.
-test-slow: $(STAMP)
+test-slow: setup
 	$(BIN)/python -m pytest -ra --durations=15 -m "slow and not k8s" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # Builds what is missing (cached outside the work tree), then runs the tier.
-e2e: $(STAMP)
+e2e: setup
 	bash tests/k8s/build/build.sh
 	$(BIN)/python -m pytest -ra --durations=15 -m k8s tests/k8s $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: setup
 	$(BIN)/uerl bench $(ARGS)
 
-render: $(STAMP)
+render: setup
 	$(BIN)/uerl render --stack dev $(ARGS)
 
 # The two images a dev cluster runs (Ray head/learners/workers, and the mock
@@ -67,7 +84,7 @@ RAY_IMAGE = $(shell $(BIN)/python -c 'from infra.topology import Topology; print
 MOCK_IMAGE = $(shell $(BIN)/python -c 'from infra.topology import SIMULATOR_DEFAULTS as d; print(d["mock"]["image"])')
 DOCKER ?= docker
 
-images: $(STAMP)
+images: setup
 	$(DOCKER) build -f docker/ray.Dockerfile -t $(RAY_IMAGE) .
 	$(DOCKER) build -f docker/mock-ue.Dockerfile -t $(MOCK_IMAGE) .
 

@@ -22,6 +22,13 @@ from training.protocol.errors import UEConnectionError, UEProtocolError
 MockFactory = Callable[..., MockUEServer]
 
 
+@pytest.fixture(autouse=True, params=["native", "python"])
+def game_client(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every behaviour here holds for both transports: the compiled one and gRPC Python."""
+    monkeypatch.setenv("UERL_GAME_CLIENT", request.param)
+    return request.param
+
+
 def _client(server: MockUEServer, **kwargs: Any) -> GymClient:
     kwargs.setdefault("startup_timeout_s", 5.0)
     kwargs.setdefault("request_timeout_s", 5.0)

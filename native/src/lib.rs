@@ -16,6 +16,7 @@ mod schola {
     include!(concat!(env!("OUT_DIR"), "/schola.rs"));
 }
 mod codec;
+mod episodes;
 mod http2;
 mod transport;
 
@@ -25,6 +26,7 @@ use pyo3::prelude::*;
 fn uerl_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transport::Channel>()?;
     m.add_class::<codec::StepCodec>()?;
+    m.add_class::<episodes::Episodes>()?;
     m.add("RpcError", m.py().get_type::<transport::RpcError>())?;
     m.add("WireError", m.py().get_type::<codec::WireError>())?;
     Ok(())

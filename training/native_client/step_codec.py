@@ -28,4 +28,4 @@ class NativeStepCodec:
             num_envs, agents = self._codec.decode(data)
         except self._wire_error as exc:
             raise WireError(str(exc)) from None
-        return num_envs, [AgentColumns(*agent) for agent in agents]
+        return num_envs, [AgentColumns._make(agent) for agent in agents]

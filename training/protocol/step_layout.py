@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -54,9 +54,9 @@ class Leaf:
         return "".join(f"['{key}']" for key in self.path)
 
 
-@dataclass(frozen=True)
-class AgentColumns:
-    """One agent's part of a step reply: a row per environment it appeared in."""
+class AgentColumns(NamedTuple):
+    """One agent's part of a step reply: a row per environment it appeared in.
+    (A tuple, in the compiled codec's order, so it crosses into Rust as is.)"""
 
     env: np.ndarray  # int32: environment index of each row, ascending
     reward: np.ndarray  # float32

@@ -25,9 +25,9 @@ from training.protocol.errors import UEProtocolError
 from training.protocol.game_spec import GameSpec, game_spec_from_definition
 from training.protocol.step_codec import open_step_codec
 from training.protocol.step_layout import AgentColumns, StepLayout, WireError
+from training.rllib.episodes import open_episodes
 from training.tls.config import TLSConfig
 
-ALL = "__all__"
 STEP = "UpdateState(step)"
 
 
@@ -68,7 +68,9 @@ class UEVectorEnv(VectorMultiAgentEnv):
         startup_timeout_s: float = 45.0,
         request_timeout_s: float = 60.0,
         tls: TLSConfig | None = None,
+        client: str | None = None,
     ) -> None:
+        """`client`: "native", "python" or "auto"; None: the `UERL_GAME_CLIENT` setting."""
         self.endpoint = endpoint
         self.closed = False
         self.client = GymClient(
@@ -76,6 +78,7 @@ class UEVectorEnv(VectorMultiAgentEnv):
             startup_timeout_s=startup_timeout_s,
             request_timeout_s=request_timeout_s,
             tls=tls,
+            transport=client,
         )
         try:
             self.client.connect(pb.NEXT_STEP)
@@ -96,13 +99,8 @@ class UEVectorEnv(VectorMultiAgentEnv):
         self.single_observation_space = gym.spaces.Dict(self.single_observation_spaces)
         self.single_action_space = gym.spaces.Dict(self.single_action_spaces)
         self.layout = StepLayout(self.single_observation_spaces, self.single_action_spaces)
-        self.codec = open_step_codec(self.layout)
-        # Per environment (row) and agent (column, sorted ids) this episode: seen, and
-        # seen end; and whether the game answers the next step with a restart (NEXT_STEP).
-        n, agents = self.num_envs, len(self.possible_agents)
-        self._seen = np.zeros((n, agents), np.bool_)
-        self._done = np.zeros((n, agents), np.bool_)
-        self._restarting = np.zeros(n, np.bool_)
+        self.codec = open_step_codec(self.layout, client)
+        self.episodes = open_episodes(self.possible_agents, self.num_envs, client)
 
     # ------------------------------------------------------------------ API
 
@@ -143,9 +141,8 @@ class UEVectorEnv(VectorMultiAgentEnv):
                 raise UEProtocolError(self.endpoint, op, f"environment {i}: no agent observed")
             observations.append(obs)
             infos.append(info)
-            self._seen[i] = [aid in obs for aid in self.possible_agents]
-        self._done[:] = False
-        self._restarting[:] = False
+        agents = self.possible_agents
+        self.episodes.reset([[k for k, a in enumerate(agents) if a in obs] for obs in observations])
         return observations, infos
 
     def step(self, actions: Sequence[Mapping[str, Any]]) -> tuple[list, list, list, list, list]:
@@ -171,76 +168,9 @@ class UEVectorEnv(VectorMultiAgentEnv):
             raise UEProtocolError(
                 self.endpoint, STEP, f"reply has {num_envs} environments, expected {n}"
             )
-        # Episode bookkeeping for all environments at once: which agents each has seen
-        # and seen end this episode, and which restart on this step (NEXT_STEP autoreset).
-        restarting = self._restarting
-        present = np.zeros((n, len(self.possible_agents)), np.bool_)
-        ended = np.zeros_like(present)
-        cut = np.zeros_like(present)
-        for k, col in enumerate(columns):
-            present[col.env, k] = True
-            ended[col.env, k] = col.terminated | col.truncated
-            cut[col.env, k] = col.truncated
-        fresh = restarting[:, None]
-        seen = np.where(fresh, present, self._seen | present)
-        done = np.where(fresh, False, self._done | ended)
-        finished = ~restarting & seen.any(1) & ~(seen & ~done).any(1)
-        term_all = (finished & ~cut.any(1)).tolist()
-        trunc_all = (finished & cut.any(1)).tolist()
-        self._seen, self._done, self._restarting = seen, done, finished
-
-        if len(columns) == 1 and len(columns[0].env) == n:
-            return self._one_agent_everywhere(columns[0], restarting, term_all, trunc_all)
-        observations: list[dict[str, Any]] = [{} for _ in range(n)]
-        rewards: list[dict[str, float]] = [{} for _ in range(n)]
-        terminateds: list[dict[str, bool]] = [{} for _ in range(n)]
-        truncateds: list[dict[str, bool]] = [{} for _ in range(n)]
-        infos: list[dict[str, dict[str, str]]] = [{} for _ in range(n)]
-        for k, col in enumerate(columns):
-            rows = len(col.env)
-            if not rows:
-                continue
-            aid = self.possible_agents[k]
-            obs = self._rows(k, col, rows)
-            # NEXT_STEP: a restarting environment answers its reset observation,
-            # with reward 0 and nothing done.
-            again = restarting[col.env]
-            reward = np.where(again, 0.0, col.reward).tolist()
-            term = (col.terminated & ~again).tolist()
-            trunc = (col.truncated & ~again).tolist()
-            info_at = dict(col.infos)
-            for row, i in enumerate(col.env.tolist()):
-                observations[i][aid] = obs[row]
-                rewards[i][aid] = reward[row]
-                terminateds[i][aid] = term[row]
-                truncateds[i][aid] = trunc[row]
-                infos[i][aid] = info_at.get(row, {})
-        for i in range(n):
-            terminateds[i][ALL] = term_all[i]
-            truncateds[i][ALL] = trunc_all[i]
+        rows = [self._rows(k, col, len(col.env)) for k, col in enumerate(columns)]
+        observations, rewards, terminateds, truncateds, infos = self.episodes.step(columns, rows)
         return observations, rewards, terminateds, truncateds, infos
-
-    def _one_agent_everywhere(
-        self, col: AgentColumns, restarting: np.ndarray, term_all: list, trunc_all: list
-    ) -> tuple[list, list, list, list, list]:
-        """The common case (one agent, in every environment) without per-row indexing."""
-        n = self.num_envs
-        (aid,) = self.possible_agents
-        obs = self._rows(0, col, n)
-        reward, term, trunc = col.reward, col.terminated, col.truncated
-        if restarting.any():
-            reward = np.where(restarting, 0.0, reward)
-            term, trunc = term & ~restarting, trunc & ~restarting
-        infos: list[dict[str, dict[str, str]]] = [{aid: {}} for _ in range(n)]
-        for row, info in col.infos:
-            infos[row][aid] = info
-        return (
-            [{aid: o} for o in obs],
-            [{aid: r} for r in reward.tolist()],
-            [{aid: t, ALL: a} for t, a in zip(term.tolist(), term_all, strict=True)],
-            [{aid: t, ALL: a} for t, a in zip(trunc.tolist(), trunc_all, strict=True)],
-            infos,
-        )
 
     def _rows(self, k: int, col: AgentColumns, rows: int) -> list[Any]:
         batch = self.layout.observations(k, col.leaves, rows)

@@ -1,0 +1,212 @@
+"""The compiled game client (`native/`) against the pure-Python one: same wire, same results.
+
+Both are run on the same games, seeds and actions, and on the same replies (the fuzz
+test's captured and mutated ones), and must agree on everything RLlib sees, and on
+which replies are rejected and where.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from test_decode_fuzz import STEP, _captured_replies, _mutate_bytes, _mutate_structure
+
+from training import native_client
+from training.mock_ue import TWO_TEAMS, MockUEServer
+from training.native_client import NativeStepCodec
+from training.protocol._generated import schola_gym_pb2 as pb
+from training.protocol.step_codec import PythonStepCodec
+from training.protocol.step_layout import StepLayout, WireError
+from training.rllib.episodes import PythonEpisodes
+from training.rllib.vector_env import UEVectorEnv
+
+MockFactory = Callable[..., MockUEServer]
+
+if not native_client.available():
+    if shutil.which("cargo"):
+        pytest.fail("cargo is here but the compiled client is not built: run `make setup`")
+    pytest.skip("no Rust toolchain: the compiled client is not built", allow_module_level=True)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray | np.generic):
+        return np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize(
+    ("scenario", "num_envs"), [("CartPole-v1", 4), ("Pendulum-v1", 3), (TWO_TEAMS, 3)]
+)
+def test_both_clients_step_a_game_to_the_same_observations_rewards_and_terminations(
+    mock_ue: MockFactory, scenario: str, num_envs: int
+) -> None:
+    envs = {
+        kind: UEVectorEnv(mock_ue(scenario, num_envs=num_envs).address, client=kind)
+        for kind in ("python", "native")
+    }
+    try:
+        assert envs["native"].client.transport_name == "native"
+        assert envs["python"].client.transport_name == "python"
+        resets = {kind: env.reset(seed=7) for kind, env in envs.items()}
+        assert _same(resets["python"], resets["native"])
+        reference = envs["python"]
+        ended = 0
+        for step in range(260):  # Pendulum truncates at 200
+
+            actions = [
+                {aid: reference.single_action_spaces[aid].sample() for aid in reference.possible_agents}
+                for _ in range(num_envs)
+            ]
+            replies = {kind: env.step(actions) for kind, env in envs.items()}
+            assert _same(replies["python"], replies["native"]), f"step {step}"
+            ended += sum(t["__all__"] or u["__all__"] for t, u in zip(*replies["python"][2:4]))
+            if step == 230:
+                resets = {kind: env.reset(seed=step) for kind, env in envs.items()}
+                assert _same(resets["python"], resets["native"])
+        assert ended > 0  # episodes ended (and restarted) along the way
+    finally:
+        for env in envs.values():
+            env.close()
+
+
+def _canonical(data: bytes) -> bool:
+    """Bytes every protobuf parser reads alike: they are what serialising their parse gives."""
+    try:
+        return pb.State.FromString(data).SerializeToString(deterministic=True) == data
+    except Exception:
+        return False
+
+
+def _codecs(env: UEVectorEnv) -> tuple[PythonStepCodec, NativeStepCodec]:
+    return PythonStepCodec(env.layout), NativeStepCodec(env.layout)
+
+
+@pytest.mark.parametrize("scenario", ["CartPole-v1", "Pendulum-v1", "two-teams"])
+def test_both_step_codecs_accept_and_reject_the_same_mutated_replies(
+    mock_ue: MockFactory, scenario: str
+) -> None:
+    server = mock_ue(TWO_TEAMS if scenario == "two-teams" else scenario, num_envs=3)
+    env = UEVectorEnv(server.address, startup_timeout_s=5, request_timeout_s=5)
+    try:
+        steps = [data for op, data in _captured_replies(env, steps=30) if op == STEP]
+        python, native = _codecs(env)
+        rng = random.Random(scenario)
+        outcomes = {"decoded": 0, "rejected": 0, "non-canonical": 0}
+        for case in range(1500):
+            data = rng.choice(steps)
+            if case % 2:
+                state = pb.State.FromString(data)
+                _mutate_structure(rng, state)
+                data = state.SerializeToString()
+            else:
+                data = _mutate_bytes(rng, data)
+                if not _canonical(data):
+                    # Protobuf parsers legitimately differ on malformed encodings (e.g. a map
+                    # entry with an unknown field): each codec alone must still only decode
+                    # or raise WireError, which the fuzz test checks.
+                    outcomes["non-canonical"] += 1
+                    continue
+            results = []
+            for codec in (python, native):
+                try:
+                    results.append(codec.decode(data))
+                except WireError as exc:
+                    results.append(str(exc))
+            ours, theirs = results
+            if isinstance(ours, str) or isinstance(theirs, str):
+                assert isinstance(ours, str) and isinstance(theirs, str), (case, ours, theirs)
+                outcomes["rejected"] += 1
+                # The same environment is named (parsers word their own failures).
+                if "not a State message" not in ours + theirs:
+                    assert ours.split(":")[0].split(" agent")[0] == theirs.split(":")[0].split(
+                        " agent"
+                    )[0], (case, ours, theirs)
+            else:
+                outcomes["decoded"] += 1
+                assert _same(list(ours), list(theirs)), case
+        assert outcomes["decoded"] > 50 and outcomes["rejected"] > 300, outcomes
+    finally:
+        env.close()
+
+
+SPACES: dict[str, gym.Space] = {
+    "box": gym.spaces.Box(-2.0, 2.0, (2, 3), np.float32),
+    "box64": gym.spaces.Box(-1.0, 1.0, (4,), np.float64),
+    "discrete": gym.spaces.Discrete(5),
+    "multi_discrete": gym.spaces.MultiDiscrete([3, 4, 2]),
+    "multi_binary": gym.spaces.MultiBinary(5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPACES))
+def test_both_step_codecs_encode_the_same_actions_to_the_same_message(name: str) -> None:
+    space = SPACES[name]
+    layout = StepLayout({"a": space, "b": space}, {"a": space, "b": space})
+    python, native = PythonStepCodec(layout), NativeStepCodec(layout)
+    space.seed(3)
+    # Agent "b" acts in some environments only, as agents that are done do.
+    actions = [{"a": space.sample(), **({"b": space.sample()} if i % 2 else {})} for i in range(5)]
+    columns = layout.gather(actions)
+    ours = pb.StateUpdate.FromString(python.encode(5, columns))
+    theirs = pb.StateUpdate.FromString(native.encode(5, columns))
+    assert ours == theirs
+    assert len(theirs.step.environments) == 5 and "b" not in theirs.step.environments[0].updates
+
+
+def test_a_dict_observation_decodes_to_the_same_nested_values(mock_ue: MockFactory) -> None:
+    space = gym.spaces.Dict(
+        {"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "mode": gym.spaces.Discrete(3)}
+    )
+    layout = StepLayout({"a": space}, {"a": gym.spaces.Discrete(2)})
+    state = pb.State()
+    for i in range(3):
+        agent = state.training_state.environment_states.add().agent_states["a"]
+        values = agent.observations.dict_point.values
+        values["pos"].box_point.values.extend([i, -i / 2])
+        values["mode"].discrete_point.value = i
+        agent.reward = float(i)
+    data = state.SerializeToString()
+    decoded = [codec.decode(data) for codec in (PythonStepCodec(layout), NativeStepCodec(layout))]
+    assert _same(list(decoded[0][1][0]), list(decoded[1][1][0]))
+    batch = layout.observations(0, decoded[1][1][0].leaves, 3)
+    assert batch["mode"].tolist() == [0, 1, 2] and batch["pos"].shape == (3, 2)
+
+
+def test_both_episode_bookkeepers_agree_across_restarts_and_agents_that_leave() -> None:
+    import uerl_native
+
+    agents, n = ["a", "b"], 3
+    books = [PythonEpisodes(agents, n), uerl_native.Episodes(agents, n)]
+    for book in books:
+        book.reset([[0, 1], [0, 1], [0]])
+    from training.protocol.step_layout import AgentColumns
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        columns, rows = [], []
+        for _k in agents:
+            env = np.flatnonzero(rng.random(n) < 0.8).astype(np.int32)
+            m = len(env)
+            columns.append(
+                AgentColumns(
+                    env,
+                    rng.random(m).astype(np.float32),
+                    rng.random(m) < 0.2,
+                    rng.random(m) < 0.1,
+                    [],
+                    [(0, {"k": "v"})] if m else [],
+                )
+            )
+            rows.append([np.float32(x) for x in rng.random(m)])
+        ours, theirs = (book.step(columns, rows) for book in books)
+        assert _same(ours, list(theirs))
