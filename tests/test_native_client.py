@@ -62,14 +62,14 @@ def test_both_clients_step_a_game_to_the_same_observations_rewards_and_terminati
         reference = envs["python"]
         ended = 0
         for step in range(260):  # Pendulum truncates at 200
-
-            actions = [
-                {aid: reference.single_action_spaces[aid].sample() for aid in reference.possible_agents}
-                for _ in range(num_envs)
-            ]
+            spaces = reference.single_action_spaces
+            actions = [{a: space.sample() for a, space in spaces.items()} for _ in range(num_envs)]
             replies = {kind: env.step(actions) for kind, env in envs.items()}
             assert _same(replies["python"], replies["native"]), f"step {step}"
-            ended += sum(t["__all__"] or u["__all__"] for t, u in zip(*replies["python"][2:4]))
+            terminateds, truncateds = replies["python"][2:4]
+            ended += sum(
+                t["__all__"] or u["__all__"] for t, u in zip(terminateds, truncateds, strict=True)
+            )
             if step == 230:
                 resets = {kind: env.reset(seed=step) for kind, env in envs.items()}
                 assert _same(resets["python"], resets["native"])
@@ -128,9 +128,10 @@ def test_both_step_codecs_accept_and_reject_the_same_mutated_replies(
                 outcomes["rejected"] += 1
                 # The same environment is named (parsers word their own failures).
                 if "not a State message" not in ours + theirs:
-                    assert ours.split(":")[0].split(" agent")[0] == theirs.split(":")[0].split(
-                        " agent"
-                    )[0], (case, ours, theirs)
+                    assert (
+                        ours.split(":")[0].split(" agent")[0]
+                        == theirs.split(":")[0].split(" agent")[0]
+                    ), (case, ours, theirs)
             else:
                 outcomes["decoded"] += 1
                 assert _same(list(ours), list(theirs)), case

@@ -18,6 +18,7 @@ mod schola {
 mod codec;
 mod episodes;
 mod http2;
+mod server;
 mod transport;
 
 use pyo3::prelude::*;
@@ -27,6 +28,7 @@ fn uerl_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<transport::Channel>()?;
     m.add_class::<codec::StepCodec>()?;
     m.add_class::<episodes::Episodes>()?;
+    m.add_class::<server::Server>()?;
     m.add("RpcError", m.py().get_type::<transport::RpcError>())?;
     m.add("WireError", m.py().get_type::<codec::WireError>())?;
     Ok(())

@@ -1,10 +1,13 @@
 """`uerl bench`: env-steps/s stepping a mock game over gRPC vs the same envs in-process.
 
-The mock game runs in its own process (as a UE game would), on loopback. Three
-figures for the same N environments and the same pre-drawn random actions:
-  in-process  gymnasium sync vector env, no networking at all;
-  GymClient   batched codec straight on the protocol messages;
-  UEVectorEnv the RLlib vector env (per-environment agent dicts), what training uses.
+The mock game runs in its own process (as a UE game would), on loopback, served by
+uerl's compiled server so that what differs between the gRPC paths is the client.
+Figures for the same N environments and the same pre-drawn random actions:
+  in-process            gymnasium sync vector env, no networking at all;
+  UEVectorEnv python    the RLlib vector env on gRPC Python and the Python codec;
+  UEVectorEnv native    the same env on the compiled client (`native/`), when built.
+The UEVectorEnv paths are what training uses: each step returns RLlib's
+per-environment agent dicts.
 
 Wall-clock rates depend on whatever else runs on the machine, so each figure also
 comes with the CPU time one step of all N environments costs the client process
@@ -30,26 +33,22 @@ import numpy as np
 
 
 @dataclass
+class PathFigures:
+    name: str
+    steps_per_s: float
+    # CPU microseconds per step of all `num_envs` environments (None: not measurable here).
+    cpu_us: float | None = None
+    server_cpu_us: float | None = None
+
+
+@dataclass
 class BenchResult:
     env: str
     num_envs: int
-    in_process_steps_per_s: float
-    client_steps_per_s: float
-    vector_env_steps_per_s: float
-    # CPU microseconds per step of all `num_envs` environments (None: not measurable here).
-    in_process_cpu_us: float | None = None
-    client_cpu_us: float | None = None
-    client_server_cpu_us: float | None = None
-    vector_env_cpu_us: float | None = None
-    vector_env_server_cpu_us: float | None = None
+    paths: dict[str, PathFigures]
 
-    @property
-    def client_ratio(self) -> float:
-        return self.client_steps_per_s / self.in_process_steps_per_s
-
-    @property
-    def vector_env_ratio(self) -> float:
-        return self.vector_env_steps_per_s / self.in_process_steps_per_s
+    def ratio(self, name: str) -> float:
+        return self.paths[name].steps_per_s / self.paths["in_process"].steps_per_s
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,40 +144,12 @@ def in_process_stepper(
 
 
 @contextmanager
-def client_stepper(
-    endpoint: str, num_envs: int, actions: list[np.ndarray]
-) -> Iterator[Callable[[int], Any]]:
-    from training.protocol import spaces as codec
-    from training.protocol._generated import schola_gym_pb2 as pb
-    from training.protocol.client import GymClient
-    from training.protocol.game_spec import game_spec_from_definition
-
-    with GymClient(endpoint, startup_timeout_s=30) as client:
-        client.connect(pb.NEXT_STEP)
-        game = game_spec_from_definition(client.training_definition(), endpoint)
-        ((aid, spec),) = game.agents.items()
-        client.reset(dict.fromkeys(range(num_envs)))
-
-        def step(k: int) -> None:
-            update = pb.StateUpdate()
-            envs = update.step.environments
-            points = [envs.add().updates[aid] for _ in range(num_envs)]
-            codec.batch_to_points(spec.action_space, actions[k], points)
-            states = client.step(update).training_state.environment_states
-            agents = [s.agent_states[aid] for s in states]
-            codec.points_to_batch(spec.observation_space, [a.observations for a in agents])
-            np.fromiter((a.reward for a in agents), np.float32, count=num_envs)
-
-        yield step
-
-
-@contextmanager
 def vector_env_stepper(
-    endpoint: str, num_envs: int, actions: list[np.ndarray]
+    endpoint: str, num_envs: int, actions: list[np.ndarray], client: str
 ) -> Iterator[Callable[[int], Any]]:
     from training.rllib.vector_env import UEVectorEnv
 
-    env = UEVectorEnv(endpoint, startup_timeout_s=30)
+    env = UEVectorEnv(endpoint, startup_timeout_s=30, client=client)
     try:
         (aid,) = env.possible_agents
         env.reset(seed=0)
@@ -189,7 +160,9 @@ def vector_env_stepper(
         env.close()
 
 
-def start_mock(env_id: str, num_envs: int) -> tuple[subprocess.Popen[str], str]:
+def start_mock(
+    env_id: str, num_envs: int, transport: str = "native"
+) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -204,6 +177,8 @@ def start_mock(env_id: str, num_envs: int) -> tuple[subprocess.Popen[str], str]:
             str(num_envs),
             "--env",
             env_id,
+            "--transport",
+            transport,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -217,32 +192,44 @@ def start_mock(env_id: str, num_envs: int) -> tuple[subprocess.Popen[str], str]:
     return proc, address
 
 
+def client_paths() -> list[str]:
+    """The clients to measure: gRPC Python always, the compiled one when it is built."""
+    from training import native_client
+
+    return ["python", "native"] if native_client.available() else ["python"]
+
+
 def run(
     env_id: str = "CartPole-v1", num_envs: int = 16, seconds: float = 5.0, rounds: int = 5
 ) -> BenchResult:
-    """Alternate short slices of the three measurements so that all see the same machine
-    load (other processes share the CPUs); report the median slice of each, and the CPU
-    time per step over all slices."""
+    """Alternate short slices of the measurements so that all see the same machine load
+    (other processes share the CPUs); report the median slice of each, and the CPU time
+    per step over all slices."""
     import gymnasium as gym
+
+    from training import native_client
 
     probe = gym.make(env_id)
     actions = _actions(probe.action_space, num_envs, 256)
     probe.close()
-    tallies = {"in_process": _Tally(), "client": _Tally(), "vector_env": _Tally()}
+    clients = client_paths()
+    server = "native" if native_client.available() else "grpcio"
+    names = ["in_process", *clients]
+    tallies = {name: _Tally() for name in names}
     procs = []
     try:
         with ExitStack() as stack:
-            for _ in range(2):  # one mock game per client: a game serves one session
-                procs.append(start_mock(env_id, num_envs))
             steppers = {
-                "in_process": stack.enter_context(in_process_stepper(env_id, num_envs, actions)),
-                "client": stack.enter_context(client_stepper(procs[0][1], num_envs, actions)),
-                "vector_env": stack.enter_context(
-                    vector_env_stepper(procs[1][1], num_envs, actions)
-                ),
+                "in_process": stack.enter_context(in_process_stepper(env_id, num_envs, actions))
             }
-            server_pids = {"in_process": None, "client": procs[0][0].pid}
-            server_pids["vector_env"] = procs[1][0].pid
+            server_pids: dict[str, int | None] = {"in_process": None}
+            for client in clients:  # one mock game per client: a game serves one session
+                proc, address = start_mock(env_id, num_envs, server)
+                procs.append(proc)
+                server_pids[client] = proc.pid
+                steppers[client] = stack.enter_context(
+                    vector_env_stepper(address, num_envs, actions, client)
+                )
             for step in steppers.values():  # warm-up
                 _timed(step, 50, 0.0, num_envs)
             for _ in range(rounds):
@@ -253,23 +240,19 @@ def run(
                     )
                     tally.rates.append(rate)
     finally:
-        for proc, _ in procs:
+        for proc in procs:
             proc.terminate()
             proc.wait(timeout=10)
-    med = {name: statistics.median(t.rates) for name, t in tallies.items()}
-    local, client, vector = tallies["in_process"], tallies["client"], tallies["vector_env"]
-    return BenchResult(
-        env_id,
-        num_envs,
-        med["in_process"],
-        med["client"],
-        med["vector_env"],
-        in_process_cpu_us=local.cpu_us(local.cpu_s),
-        client_cpu_us=client.cpu_us(client.cpu_s),
-        client_server_cpu_us=client.cpu_us(client.server_cpu_s),
-        vector_env_cpu_us=vector.cpu_us(vector.cpu_s),
-        vector_env_server_cpu_us=vector.cpu_us(vector.server_cpu_s),
-    )
+    paths = {
+        name: PathFigures(
+            name,
+            statistics.median(t.rates),
+            cpu_us=t.cpu_us(t.cpu_s),
+            server_cpu_us=t.cpu_us(t.server_cpu_s) if name != "in_process" else None,
+        )
+        for name, t in tallies.items()
+    }
+    return BenchResult(env_id, num_envs, paths)
 
 
 def _cpu(client_us: float | None, server_us: float | None = None) -> str:
@@ -282,6 +265,13 @@ def _cpu(client_us: float | None, server_us: float | None = None) -> str:
     return text
 
 
+LABELS = {
+    "in_process": "in-process  gymnasium sync vector env   ",
+    "python": "gRPC        UEVectorEnv python client   ",
+    "native": "gRPC        UEVectorEnv native client   ",
+}
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from training.protocol.grpc_tuning import apply_low_latency_defaults
@@ -289,29 +279,21 @@ def main(argv: list[str]) -> int:
     apply_low_latency_defaults()  # as the mock server and the env runners do
     result = run(args.env, args.envs, args.seconds, args.rounds)
     if args.json:
-        data = asdict(result) | {
-            "client_ratio": result.client_ratio,
-            "vector_env_ratio": result.vector_env_ratio,
+        data = {
+            "env": result.env,
+            "num_envs": result.num_envs,
+            "paths": {
+                name: asdict(p) | {"ratio": result.ratio(name)} for name, p in result.paths.items()
+            },
         }
         print(json.dumps(data, indent=2))
         return 0
     label = f"{result.env} x{result.num_envs}"
     # One line per path; CPU/step = CPU time per step of all N environments.
-    print(
-        f"in-process  gymnasium sync vector env  {label}: "
-        f"{result.in_process_steps_per_s:>9,.0f} env-steps/s                    "
-        + _cpu(result.in_process_cpu_us)
-    )
-    print(
-        f"gRPC        GymClient -> mock-ue       {label}: "
-        f"{result.client_steps_per_s:>9,.0f} env-steps/s  "
-        f"({result.client_ratio:.2f}x in-process)"
-        + _cpu(result.client_cpu_us, result.client_server_cpu_us)
-    )
-    print(
-        f"gRPC        UEVectorEnv -> mock-ue     {label}: "
-        f"{result.vector_env_steps_per_s:>9,.0f} env-steps/s  "
-        f"({result.vector_env_ratio:.2f}x in-process)"
-        + _cpu(result.vector_env_cpu_us, result.vector_env_server_cpu_us)
-    )
+    for name, path in result.paths.items():
+        ratio = " " * 20 if name == "in_process" else f"  ({result.ratio(name):.2f}x in-process)"
+        print(
+            f"{LABELS[name]}{label}: {path.steps_per_s:>9,.0f} env-steps/s{ratio}"
+            + _cpu(path.cpu_us, path.server_cpu_us)
+        )
     return 0

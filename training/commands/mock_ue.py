@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tls-client-ca", help="mutual TLS: accept only clients whose certificate this CA signed"
     )
+    parser.add_argument(
+        "--transport",
+        choices=("grpcio", "native"),
+        default="grpcio",
+        help="serve with gRPC Python (default) or uerl's compiled server (plaintext only)",
+    )
     parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     return parser
 
@@ -57,6 +63,7 @@ def main(argv: list[str]) -> int:
             tls_cert_path=args.tls_cert,
             tls_key_path=args.tls_key,
             tls_client_ca_path=args.tls_client_ca,
+            transport=args.transport,
         )
         port = server.start()
     except (OSError, ValueError) as exc:

@@ -34,6 +34,7 @@ from training.protocol.client import MAX_MESSAGE_BYTES
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "Schola.GymService"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -255,6 +256,15 @@ class _Session:
         return list(batch)
 
 
+class _NativeStatus(Exception):
+    """A failed call as uerl_native.Server reports it (it reads these two attributes)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.grpc_code = code.value[0]
+        self.grpc_message = message
+
+
 class _GymServicer(pb_grpc.GymServiceServicer):
     def __init__(self, server: MockUEServer) -> None:
         self._server = server
@@ -313,9 +323,17 @@ class MockUEServer:
         tls_cert_path: str | None = None,
         tls_key_path: str | None = None,
         tls_client_ca_path: str | None = None,
+        transport: str = "grpcio",
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
+        if transport not in ("grpcio", "native"):
+            raise ValueError(f"transport {transport!r}: expected grpcio or native")
+        if transport == "native" and tls_cert_path is not None:
+            raise ValueError("the native transport serves plaintext only: drop TLS or use grpcio")
+        # "native": uerl's compiled server (uerl_native.Server) calls `_native_call`.
+        self.transport = transport
+        self._native: Any = None
         self.host = host
         self.requested_port = port
         self.env_id = env_id
@@ -345,6 +363,14 @@ class MockUEServer:
 
     def start(self) -> int:
         """Bind and serve; returns the bound port (port 0 picks a free one)."""
+        if self.transport == "native":
+            import uerl_native
+
+            self._native = uerl_native.Server(self.host, self.requested_port, self._native_call)
+            self.port = self._native.port
+            self._stopped = threading.Event()
+            log.info("mock-ue %s x%d on %s (native)", self.env_id, self.num_envs, self.address)
+            return self.port
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers), options=SERVER_OPTIONS
         )
@@ -381,18 +407,29 @@ class MockUEServer:
         )
 
     def stop(self, grace: float | None = None) -> None:
+        if self._native is not None:
+            self._native.stop()
+            self._native = None
+            self._stopped.set()
+            self._close_session()
+            return
         if self._server is None:
             return
         if self._health is not None:
             self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
         self._server = None
+        self._close_session()
+
+    def _close_session(self) -> None:
         with self._lock:
             if self._session is not None:
                 self._session.close()
                 self._session = None
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
+        if self._native is not None:
+            return self._stopped.wait(timeout)
         return self._server.wait_for_termination(timeout) if self._server else True
 
     @property
@@ -416,6 +453,38 @@ class MockUEServer:
         except Exception as exc:  # the game reports internal failures as INTERNAL
             log.exception("mock-ue handler failed")
             context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _native_call(self, method: str, data: bytes) -> bytes:
+        """What uerl_native.Server calls per request: the same handlers as gRPC Python's."""
+        if method == HEALTH_CHECK:
+            status = health_pb2.HealthCheckResponse.SERVING
+            return health_pb2.HealthCheckResponse(status=status).SerializeToString()
+        service, _, name = method.rpartition("/")
+        entry = self._native_methods.get(name) if service == f"/{SERVICE_NAME}" else None
+        if entry is None:
+            raise _NativeStatus(grpc.StatusCode.UNIMPLEMENTED, f"unknown method {method}")
+        kind, handler = entry
+        try:
+            request = kind.FromString(data)
+        except Exception as exc:
+            raise _NativeStatus(grpc.StatusCode.INVALID_ARGUMENT, f"request: {exc}") from None
+        try:
+            with self._lock:
+                reply = handler(request)
+        except _Abort as exc:
+            raise _NativeStatus(exc.code, exc.message) from None
+        except Exception as exc:
+            log.exception("mock-ue handler failed")
+            raise _NativeStatus(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}") from None
+        return _serialize_state(reply)
+
+    @property
+    def _native_methods(self) -> dict[str, tuple[Any, Callable[[Any], Any]]]:
+        return {
+            "StartGymConnector": (pb.GymConnectorStartRequest, self._start),
+            "RequestTrainingDefinition": (pb.TrainingDefinitionRequest, self._definition),
+            "UpdateState": (pb.StateUpdate, self._update),
+        }
 
     def _build_definition(self) -> pb.TrainingDefinition:
         msg = pb.TrainingDefinition()
