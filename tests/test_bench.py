@@ -25,12 +25,12 @@ def test_a_rate_is_env_steps_over_the_elapsed_time(monkeypatch: pytest.MonkeyPat
     assert tally.calls == 4
 
 
-def test_bench_prints_each_grpc_rate_as_its_fraction_of_in_process(
+def test_bench_prints_each_client_rate_as_its_fraction_of_in_process(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert bench.main(["--envs", "2", "--seconds", "0.6", "--rounds", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[1] for line in lines] == ["gymnasium", "GymClient", "UEVectorEnv"]
+    assert [line.split()[2] for line in lines] == ["sync", "python", "native"]
     rates = [float(m.group(1).replace(",", "")) for line in lines if (m := RATE.search(line))]
     ratios = [float(m.group(1)) for line in lines if (m := RATIO.search(line))]
     assert len(rates) == 3 and len(ratios) == 2, lines
@@ -41,9 +41,9 @@ def test_bench_prints_each_grpc_rate_as_its_fraction_of_in_process(
     assert all(ratio < 1.0 for ratio in ratios), lines
 
 
-def test_grpc_paths_are_slower_than_in_process_for_a_continuous_action_env() -> None:
+def test_every_path_reports_its_cpu_per_step_for_a_continuous_action_env() -> None:
     result = bench.run("Pendulum-v1", num_envs=2, seconds=0.4, rounds=1)
-    assert 0 < result.client_ratio < 1 and 0 < result.vector_env_ratio < 1, result
+    assert list(result.paths) == ["in_process", "python", "native"]
+    assert all(0 < result.ratio(name) < 1 for name in ("python", "native")), result
     # The client's CPU per step is measured (the game's is in clock ticks: may read 0 here).
-    figures = (result.in_process_cpu_us, result.client_cpu_us, result.vector_env_cpu_us)
-    assert all(value is not None and value > 0 for value in figures), result
+    assert all(p.cpu_us is not None and p.cpu_us > 0 for p in result.paths.values()), result

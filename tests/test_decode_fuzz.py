@@ -30,6 +30,7 @@ RESET, STEP = "UpdateState(reset)", "UpdateState(step)"
 def _captured_replies(env: UEVectorEnv, steps: int) -> list[tuple[str, bytes]]:
     """Reset and step the env against the real game, keeping every reply's bytes."""
     captured: list[tuple[str, bytes]] = []
+    env._fast_step = None  # the one-call compiled step never hands bytes to Python
     original = env.client.update_bytes
 
     def record(request: bytes, operation: str = "UpdateState") -> bytes:

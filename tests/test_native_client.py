@@ -211,3 +211,35 @@ def test_both_episode_bookkeepers_agree_across_restarts_and_agents_that_leave() 
             rows.append([np.float32(x) for x in rng.random(m)])
         ours, theirs = (book.step(columns, rows) for book in books)
         assert _same(ours, list(theirs))
+
+
+def test_an_action_the_compiled_encoder_cannot_read_takes_the_python_path(
+    mock_ue: MockFactory,
+) -> None:
+    envs = [
+        UEVectorEnv(mock_ue("Pendulum-v1", num_envs=2).address, client=k)
+        for k in ("python", "native")
+    ]
+    try:
+        assert envs[1]._fast_step is not None
+        for env in envs:
+            env.reset(seed=1)
+        # Plain lists, not arrays: the Python gather reads them, the compiled one does not.
+        actions = [{"agent_0": [0.5]}, {"agent_0": [-1.0]}]
+        replies = [env.step(actions) for env in envs]
+        assert _same(replies[0], replies[1])
+    finally:
+        for env in envs:
+            env.close()
+
+
+def test_a_closed_env_is_not_reconnected_by_the_compiled_step(mock_ue: MockFactory) -> None:
+    from training.protocol.errors import UEConnectionError
+
+    server = mock_ue("CartPole-v1", num_envs=2)
+    env = UEVectorEnv(server.address, client="native")
+    env.reset(seed=0)
+    env.close()
+    with pytest.raises(UEConnectionError, match="is not connected"):
+        env.step([{"agent_0": 0}, {"agent_0": 1}])
+    assert server.stats.sessions_closed == 1

@@ -23,6 +23,13 @@ use crate::schola::{
 
 create_exception!(
     uerl_native,
+    ActionTypeError,
+    pyo3::exceptions::PyTypeError,
+    "An action value the compiled encoder cannot read (the caller gathers it in Python)."
+);
+
+create_exception!(
+    uerl_native,
     WireError,
     PyValueError,
     "Bytes that are not what the protocol says: the message names the environment and agent."
@@ -69,26 +76,26 @@ struct Action {
     box_shape: Vec<i32>,
 }
 
-struct AgentLayout {
-    id: String,
+pub(crate) struct AgentLayout {
+    pub(crate) id: String,
     leaves: Vec<Leaf>,
     action: Option<Action>,
 }
 
 /// Values of one leaf for all rows of one agent, in the wire's own element types.
-enum Column {
+pub(crate) enum Column {
     F32(Vec<f32>),
     I64(Vec<i64>),
     Bool(Vec<bool>),
 }
 
-struct AgentColumns {
-    env: Vec<i32>,
-    reward: Vec<f32>,
-    terminated: Vec<bool>,
-    truncated: Vec<bool>,
-    infos: Vec<(usize, HashMap<String, String>)>,
-    leaves: Vec<Column>,
+pub(crate) struct AgentColumns {
+    pub(crate) env: Vec<i32>,
+    pub(crate) reward: Vec<f32>,
+    pub(crate) terminated: Vec<bool>,
+    pub(crate) truncated: Vec<bool>,
+    pub(crate) infos: Vec<(usize, HashMap<String, String>)>,
+    pub(crate) leaves: Vec<Column>,
 }
 
 fn path_text(path: &[String]) -> String {
@@ -167,8 +174,11 @@ impl Leaf {
 
 #[pyclass(module = "uerl_native", frozen)]
 pub struct StepCodec {
-    agents: Vec<AgentLayout>,
+    pub(crate) agents: Vec<AgentLayout>,
     index: HashMap<String, usize>,
+    /// Per agent: the shape of its observation when it is one float32 Box (rows are then
+    /// built here, as views of one array); None: the caller's Python assembles them.
+    pub(crate) row_shapes: Vec<Option<Vec<usize>>>,
 }
 
 fn wire_err(msg: String) -> PyErr {
@@ -176,7 +186,91 @@ fn wire_err(msg: String) -> PyErr {
 }
 
 impl StepCodec {
-    fn decode_columns(&self, data: &[u8]) -> Result<(usize, Vec<AgentColumns>), String> {
+    /// A `StateUpdate` step straight from RLlib's per-environment `{agent: action}` dicts.
+    /// Raises `TypeError` for an action value it cannot read (the caller then gathers in
+    /// Python), `ValueError` naming the environment and agent for a wrong one.
+    pub(crate) fn encode_dicts(&self, actions: &Bound<'_, PyList>, num_envs: usize) -> PyResult<Vec<u8>> {
+        if actions.len() != num_envs {
+            return Err(PyValueError::new_err(format!(
+                "{} action dicts for {num_envs} environments",
+                actions.len()
+            )));
+        }
+        let mut envs: Vec<EnvironmentStep> = Vec::with_capacity(num_envs);
+        for (i, item) in actions.iter().enumerate() {
+            let dict = item.downcast::<PyDict>()?;
+            let mut step = EnvironmentStep::default();
+            for (key, value) in dict.iter() {
+                let aid = key.downcast::<pyo3::types::PyString>()?.to_str()?;
+                let Some(&k) = self.index.get(aid) else {
+                    return Err(PyValueError::new_err(format!(
+                        "environment {i}: action for unknown agent '{aid}'"
+                    )));
+                };
+                let agent = &self.agents[k];
+                let action = agent.action.as_ref().ok_or_else(|| {
+                    pyo3::exceptions::PyTypeError::new_err("no flat action space")
+                })?;
+                let wrong = |n: usize| {
+                    PyValueError::new_err(format!(
+                        "action of '{aid}': expected {} values per environment, got {n}",
+                        action.size
+                    ))
+                };
+                let point = match action.kind {
+                    DISCRETE => point::Point::DiscretePoint(DiscretePoint { value: value.extract::<i64>()? as i32 }),
+                    BOX => {
+                        let values: Vec<f32> = match value.extract::<numpy::PyReadonlyArrayDyn<'_, f32>>() {
+                            Ok(a) => a.as_array().iter().copied().collect(),
+                            Err(_) => value
+                                .extract::<numpy::PyReadonlyArrayDyn<'_, f64>>()?
+                                .as_array()
+                                .iter()
+                                .map(|&x| x as f32)
+                                .collect(),
+                        };
+                        if values.len() != action.size {
+                            return Err(wrong(values.len()));
+                        }
+                        point::Point::BoxPoint(BoxPoint {
+                            values,
+                            dtype: action.box_dtype,
+                            shape: action.box_shape.clone(),
+                        })
+                    }
+                    _ => {
+                        let values: Vec<i64> = value
+                            .extract::<numpy::PyReadonlyArrayDyn<'_, i64>>()?
+                            .as_array()
+                            .iter()
+                            .copied()
+                            .collect();
+                        if values.len() != action.size {
+                            return Err(wrong(values.len()));
+                        }
+                        if action.kind == MULTI_DISCRETE {
+                            point::Point::MultiDiscretePoint(MultiDiscretePoint {
+                                values: values.iter().map(|&x| x as i32).collect(),
+                            })
+                        } else {
+                            point::Point::MultiBinaryPoint(MultiBinaryPoint {
+                                values: values.iter().map(|&x| x != 0).collect(),
+                            })
+                        }
+                    }
+                };
+                step.updates.insert(agent.id.clone(), Point { point: Some(point) });
+            }
+            envs.push(step);
+        }
+        let update = StateUpdate {
+            update: Some(state_update::Update::Step(Step { environments: envs })),
+            status: 0,
+        };
+        Ok(update.encode_to_vec())
+    }
+
+    pub(crate) fn decode_columns(&self, data: &[u8]) -> Result<(usize, Vec<AgentColumns>), String> {
         let state = State::decode(data).map_err(|e| {
             format!("reply of {} bytes is not a State message ({e})", data.len())
         })?;
@@ -233,7 +327,11 @@ impl StepCodec {
     /// `(key_path, kind, size)` and `action` is `(kind, size, box_dtype, box_shape)` or
     /// None (an action space this codec does not encode, e.g. Dict).
     #[new]
-    fn new(layout: Vec<(String, Vec<(Vec<String>, u8, usize)>, Option<(u8, usize, i32, Vec<i32>)>)>) -> PyResult<Self> {
+    #[pyo3(signature = (layout, row_shapes=None))]
+    fn new(
+        layout: Vec<(String, Vec<(Vec<String>, u8, usize)>, Option<(u8, usize, i32, Vec<i32>)>)>,
+        row_shapes: Option<Vec<Option<Vec<usize>>>>,
+    ) -> PyResult<Self> {
         let mut agents = Vec::new();
         let mut index = HashMap::new();
         for (k, (id, leaves, action)) in layout.into_iter().enumerate() {
@@ -257,7 +355,11 @@ impl StepCodec {
                 }),
             });
         }
-        Ok(Self { agents, index })
+        let row_shapes = row_shapes.unwrap_or_else(|| vec![None; agents.len()]);
+        if row_shapes.len() != agents.len() {
+            return Err(PyValueError::new_err("one row shape (or None) per agent"));
+        }
+        Ok(Self { agents, index, row_shapes })
     }
 
     /// A `State` reply as `(num_envs, agents)`: per agent of the layout, in its order,

@@ -69,14 +69,46 @@ impl Episodes {
         columns: Vec<Column<'py>>,
         rows: Vec<Bound<'py, PyList>>,
     ) -> PyResult<Bound<'py, PyList>> {
+        let mut views = Vec::with_capacity(columns.len());
+        for (env, reward, term, trunc, _leaves, infos) in &columns {
+            let infos = infos
+                .iter()
+                .map(|item| item.extract::<(usize, Bound<'py, PyDict>)>())
+                .collect::<PyResult<Vec<_>>>()?;
+            views.push(View {
+                env: env.as_slice()?,
+                reward: reward.as_slice()?,
+                terminated: term.as_slice()?,
+                truncated: trunc.as_slice()?,
+                infos,
+            });
+        }
+        self.advance(py, &views, &rows)
+    }
+}
+
+/// One agent's columns, borrowed: from numpy arrays (`step`) or from the codec directly.
+pub struct View<'a, 'py> {
+    pub env: &'a [i32],
+    pub reward: &'a [f32],
+    pub terminated: &'a [bool],
+    pub truncated: &'a [bool],
+    pub infos: Vec<(usize, Bound<'py, PyDict>)>,
+}
+
+impl Episodes {
+    pub fn advance<'py>(
+        &mut self,
+        py: Python<'py>,
+        columns: &[View<'_, 'py>],
+        rows: &[Bound<'py, PyList>],
+    ) -> PyResult<Bound<'py, PyList>> {
         let (n, count) = (self.num_envs, self.agents.len());
         let mut present = vec![false; n * count];
         let mut ended = vec![false; n * count];
         let mut cut = vec![false; n];
-        let mut views = Vec::with_capacity(columns.len());
-        for (k, (env, reward, term, trunc, _leaves, infos)) in columns.iter().enumerate() {
-            let (env, term, trunc) = (env.as_slice()?, term.as_slice()?, trunc.as_slice()?);
-            let reward = reward.as_slice()?;
+        for (k, col) in columns.iter().enumerate() {
+            let (env, term, trunc) = (col.env, col.terminated, col.truncated);
             for (r, &i) in env.iter().enumerate() {
                 let i = i as usize;
                 if i >= n || k >= count {
@@ -86,7 +118,6 @@ impl Episodes {
                 ended[i * count + k] = term[r] || trunc[r];
                 cut[i] |= trunc[r];
             }
-            views.push((env, reward, term, trunc, infos));
         }
         let was_restarting = self.restarting.clone();
         let mut term_all = vec![false; n];
@@ -112,10 +143,11 @@ impl Episodes {
         let terminateds: Vec<_> = (0..n).map(new).collect();
         let truncateds: Vec<_> = (0..n).map(new).collect();
         let infos: Vec<_> = (0..n).map(new).collect();
-        for (k, (env, reward, term, trunc, info_rows)) in views.into_iter().enumerate() {
+        for (k, col) in columns.iter().enumerate() {
+            let (env, reward, term, trunc) = (col.env, col.reward, col.terminated, col.truncated);
             let aid = self.agents[k].bind(py);
             let obs = &rows[k];
-            let mut given = info_rows.iter().map(|item| item.extract::<(usize, Bound<'py, PyDict>)>()).peekable();
+            let mut given = col.infos.iter().peekable();
             for (r, &i) in env.iter().enumerate() {
                 let i = i as usize;
                 let again = was_restarting[i];
@@ -124,8 +156,7 @@ impl Episodes {
                 terminateds[i].set_item(aid, !again && term[r])?;
                 truncateds[i].set_item(aid, !again && trunc[r])?;
                 let info = match given.peek() {
-                    Some(Ok((row, _))) if *row == r => given.next().unwrap()?.1,
-                    Some(Err(_)) => return Err(given.next().unwrap().unwrap_err()),
+                    Some((row, _)) if *row == r => given.next().unwrap().1.clone(),
                     _ => PyDict::new(py),
                 };
                 infos[i].set_item(aid, info)?;

@@ -20,6 +20,7 @@ mod episodes;
 mod http2;
 mod server;
 mod transport;
+mod vector;
 
 use pyo3::prelude::*;
 
@@ -29,7 +30,9 @@ fn uerl_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<codec::StepCodec>()?;
     m.add_class::<episodes::Episodes>()?;
     m.add_class::<server::Server>()?;
+    m.add_function(wrap_pyfunction!(vector::vector_step, m)?)?;
     m.add("RpcError", m.py().get_type::<transport::RpcError>())?;
     m.add("WireError", m.py().get_type::<codec::WireError>())?;
+    m.add("ActionTypeError", m.py().get_type::<codec::ActionTypeError>())?;
     Ok(())
 }

@@ -211,6 +211,47 @@ pub struct Channel {
     max_message_bytes: usize,
 }
 
+impl Channel {
+    /// `call` for Rust callers: the reply's bytes, or `RpcError`.
+    pub fn call_bytes(
+        &mut self,
+        py: Python<'_>,
+        method: &str,
+        request: &[u8],
+        timeout_s: f64,
+    ) -> PyResult<Vec<u8>> {
+        let timeout = Duration::from_secs_f64(timeout_s.max(0.001));
+        let max = self.max_message_bytes;
+        let address = self.address.as_str();
+        let mut live = self.live.take();
+        let result = py.allow_threads(|| {
+            let deadline = Instant::now() + timeout;
+            let live_ref = match &mut live {
+                Some(l) => l,
+                None => {
+                    let conn = open(address, deadline).map_err(|e| io_failure(e, deadline))?;
+                    live.insert(Live { conn, next_stream: 1, read_timeout: None })
+                }
+            };
+            live_ref.call(address.as_bytes(), method.as_bytes(), request, timeout, max)
+        });
+        match result {
+            Ok(reply) => {
+                self.live = live;
+                Ok(reply)
+            }
+            // A game's own error status leaves the connection usable; anything else drops it.
+            Err((code, details)) => {
+                let transport = matches!(code, UNAVAILABLE | DEADLINE_EXCEEDED | INTERNAL);
+                if !transport {
+                    self.live = live;
+                }
+                Err(RpcError::new_err((code, details)))
+            }
+        }
+    }
+}
+
 #[pymethods]
 impl Channel {
     /// A plaintext channel to `host:port`; nothing is connected until `wait_ready`.
@@ -263,35 +304,8 @@ impl Channel {
         request: &[u8],
         timeout_s: f64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let timeout = Duration::from_secs_f64(timeout_s.max(0.001));
-        let max = self.max_message_bytes;
-        let address = self.address.as_str();
-        let mut live = self.live.take();
-        let result = py.allow_threads(|| {
-            let deadline = Instant::now() + timeout;
-            let live_ref = match &mut live {
-                Some(l) => l,
-                None => {
-                    let conn = open(address, deadline).map_err(|e| io_failure(e, deadline))?;
-                    live.insert(Live { conn, next_stream: 1, read_timeout: None })
-                }
-            };
-            live_ref.call(address.as_bytes(), method.as_bytes(), request, timeout, max)
-        });
-        match result {
-            Ok(reply) => {
-                self.live = live;
-                Ok(PyBytes::new(py, &reply))
-            }
-            // A game's own error status leaves the connection usable; anything else drops it.
-            Err((code, details)) => {
-                let transport = matches!(code, UNAVAILABLE | DEADLINE_EXCEEDED | INTERNAL);
-                if !transport {
-                    self.live = live;
-                }
-                Err(RpcError::new_err((code, details)))
-            }
-        }
+        let reply = self.call_bytes(py, method, request, timeout_s)?;
+        Ok(PyBytes::new(py, &reply))
     }
 
     /// Drop the connection; the object can `wait_ready` again.

@@ -13,7 +13,7 @@ class NativeStepCodec:
         import uerl_native
 
         self.layout = layout
-        self._codec = uerl_native.StepCodec(layout.native())
+        self._codec = uerl_native.StepCodec(layout.native(), layout.row_shapes())
         self._wire_error = uerl_native.WireError
         # Dict action spaces have no flat form: those games encode in Python.
         self._encoder = None if layout.flat_actions else PythonStepCodec(layout)

@@ -26,6 +26,13 @@ STATUS_NAMES = (
 )
 
 
+def call_error(exc: Exception) -> CallError:
+    """A `uerl_native.RpcError` as the `CallError` every transport raises."""
+    code, details = exc.args
+    name = STATUS_NAMES[code] if 0 <= code < len(STATUS_NAMES) else "UNKNOWN"
+    return CallError(name, details)
+
+
 class NativeTransport:
     name = "native"
 
@@ -46,9 +53,12 @@ class NativeTransport:
         try:
             return self._channel.call(method, request, timeout_s)
         except self._native.RpcError as exc:
-            code, details = exc.args
-            name = STATUS_NAMES[code] if 0 <= code < len(STATUS_NAMES) else "UNKNOWN"
-            raise CallError(name, details) from None
+            raise call_error(exc) from None
+
+    @property
+    def channel(self) -> object:
+        """The compiled channel, for `NativeVectorStep`."""
+        return self._channel
 
     def close(self) -> None:
         self._channel.close()

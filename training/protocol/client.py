@@ -63,6 +63,11 @@ class GymClient:
         self._session_open = False
 
     @property
+    def transport(self) -> Transport | None:
+        """What carries the calls; None while not connected (or after close)."""
+        return self._transport
+
+    @property
     def transport_name(self) -> str | None:
         """Which transport carries the calls ("native" or "python"), once connected."""
         return None if self._transport is None else self._transport.name
@@ -167,6 +172,10 @@ class GymClient:
             return self._transport.call(method, request, timeout_s)
         except CallError as exc:
             raise self._translate(exc, operation, timeout_s) from exc
+
+    def failure(self, exc: CallError, operation: str) -> Exception:
+        """The error to raise for a failed request-timeout call (UEConnectionError/...)."""
+        return self._translate(exc, operation, self.request_timeout_s)
 
     def _translate(self, exc: CallError, operation: str, timeout_s: float) -> Exception:
         if exc.code == "DEADLINE_EXCEEDED":

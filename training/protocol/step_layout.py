@@ -128,6 +128,19 @@ class StepLayout:
             out.append((aid, [(list(leaf.path), leaf.kind, leaf.size) for leaf in leaves], action))
         return out
 
+    def row_shapes(self) -> list[list[int] | None]:
+        """Per agent, its observation's shape when it is one float32 Box: rows of such an
+        agent need no Python (no cast, no nesting); None for every other space."""
+        return [
+            list(leaves[0].space.shape)
+            if len(leaves) == 1
+            and not leaves[0].path
+            and leaves[0].kind == BOX
+            and leaves[0].space.dtype == np.float32
+            else None
+            for leaves in self.leaves
+        ]
+
     # ------------------------------------------------------------------ actions
 
     def gather(self, actions: Sequence[Mapping[str, Any]]) -> list[ActionColumn]:

@@ -18,6 +18,7 @@ import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from ray.rllib.env.vector.vector_multi_agent_env import VectorMultiAgentEnv
 
+from training import native_client
 from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol.client import GymClient
@@ -101,6 +102,15 @@ class UEVectorEnv(VectorMultiAgentEnv):
         self.layout = StepLayout(self.single_observation_spaces, self.single_action_spaces)
         self.codec = open_step_codec(self.layout, client)
         self.episodes = open_episodes(self.possible_agents, self.num_envs, client)
+        # Everything compiled: one call per step (see training/native_client/vector_step.py).
+        self._fast_step = None
+        if native_client.available():
+            from training.native_client.vector_step import NativeVectorStep
+
+            if NativeVectorStep.fits(self.client, self.codec, self.episodes):
+                self._fast_step = NativeVectorStep(
+                    self.client, self.codec, self.episodes, self.num_envs, self._rows_of
+                )
 
     # ------------------------------------------------------------------ API
 
@@ -149,6 +159,11 @@ class UEVectorEnv(VectorMultiAgentEnv):
         n = self.num_envs
         if len(actions) != n:
             raise ValueError(f"{len(actions)} action dicts for {n} environments")
+        if self._fast_step is not None:
+            reply = self._fast_step(actions)
+            if reply is not None:
+                observations, rewards, terminateds, truncateds, infos = reply
+                return observations, rewards, terminateds, truncateds, infos
         request = self.codec.encode(n, self.layout.gather(actions))
         return self.decode_step(self.client.update_bytes(request, STEP))
 
@@ -173,7 +188,10 @@ class UEVectorEnv(VectorMultiAgentEnv):
         return observations, rewards, terminateds, truncateds, infos
 
     def _rows(self, k: int, col: AgentColumns, rows: int) -> list[Any]:
-        batch = self.layout.observations(k, col.leaves, rows)
+        return self._rows_of(k, col.leaves, rows)
+
+    def _rows_of(self, k: int, leaves: list[np.ndarray], rows: int) -> list[Any]:
+        batch = self.layout.observations(k, leaves, rows)
         return codec.batch_rows(self.layout.observation_spaces[k], batch, rows)
 
     def _decode_initial(
