@@ -9,6 +9,7 @@ import pytest
 from training.commands import bench
 
 RATE = re.compile(r"([\d,]+) env-steps/s")
+STEPS = re.compile(r"([\d,]+) env-steps/s")
 RATIO = re.compile(r"\((\d+\.\d\d)x in-process\)")
 
 
@@ -28,7 +29,8 @@ def test_a_rate_is_env_steps_over_the_elapsed_time(monkeypatch: pytest.MonkeyPat
 def test_bench_prints_each_client_rate_as_its_fraction_of_in_process(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert bench.main(["--envs", "2", "--seconds", "0.6", "--rounds", "2"]) == 0
+    argv = ["--envs", "2", "--seconds", "0.6", "--rounds", "2", "--e2e-iterations", "0"]
+    assert bench.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[2] for line in lines] == ["sync", "python", "native"]
     rates = [float(m.group(1).replace(",", "")) for line in lines if (m := RATE.search(line))]
@@ -47,3 +49,16 @@ def test_every_path_reports_its_cpu_per_step_for_a_continuous_action_env() -> No
     assert all(0 < result.ratio(name) < 1 for name in ("python", "native")), result
     # The client's CPU per step is measured (the game's is in clock ticks: may read 0 here).
     assert all(p.cpu_us is not None and p.cpu_us > 0 for p in result.paths.values()), result
+
+
+@pytest.mark.slow
+def test_end_to_end_ppo_reports_each_path_against_in_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--envs", "2", "--seconds", "0.2", "--rounds", "1"]
+    assert bench.main([*argv, "--e2e-envs", "2", "--e2e-iterations", "1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PPO")]
+    assert [line.split()[1] for line in lines] == ["in-process", "python", "native"], lines
+    for line in lines:
+        sampling, iterations = (float(x.replace(",", "")) for x in STEPS.findall(line))
+        assert sampling > 0 and iterations > 0 and "MiB" in line, line

@@ -64,6 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rounds", type=int, default=5, help="alternating slices per measurement (default 5)"
     )
+    parser.add_argument(
+        "--e2e-envs",
+        type=int,
+        nargs="*",
+        default=[1, 16],
+        help="end to end: environments per game, one PPO comparison each (default 1 16)",
+    )
+    parser.add_argument(
+        "--e2e-iterations",
+        type=int,
+        default=3,
+        help="end to end: timed PPO iterations per path (default 3; 0 skips end to end)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -163,6 +176,13 @@ def vector_env_stepper(
 def start_mock(
     env_id: str, num_envs: int, transport: str = "native"
 ) -> tuple[subprocess.Popen[str], str]:
+    proc = start_mock_at(env_id, num_envs, 0, transport)
+    assert proc.stdout is not None
+    return proc, proc.address  # type: ignore[attr-defined]
+
+
+def start_mock_at(env_id: str, num_envs: int, port: int, transport: str) -> subprocess.Popen[str]:
+    """`uerl mock-ue` on `port` (0: any); RuntimeError if it does not start."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -172,7 +192,7 @@ def start_mock(
             "--host",
             "127.0.0.1",
             "--port",
-            "0",
+            str(port),
             "--envs",
             str(num_envs),
             "--env",
@@ -187,9 +207,10 @@ def start_mock(
     line = proc.stdout.readline()
     if "listening on" not in line:
         proc.kill()
+        proc.wait()
         raise RuntimeError(f"mock-ue did not start: {line!r}")
-    address = line.split("listening on ", 1)[1].split()[0]
-    return proc, address
+    proc.address = line.split("listening on ", 1)[1].split()[0]  # type: ignore[attr-defined]
+    return proc
 
 
 def client_paths() -> list[str]:
@@ -278,6 +299,12 @@ def main(argv: list[str]) -> int:
 
     apply_low_latency_defaults()  # as the mock server and the env runners do
     result = run(args.env, args.envs, args.seconds, args.rounds)
+    e2e = []
+    if args.e2e_iterations > 0:
+        from training.commands import bench_e2e
+
+        for envs in args.e2e_envs:
+            e2e += bench_e2e.run(args.env, envs, args.e2e_iterations, client_paths())
     if args.json:
         data = {
             "env": result.env,
@@ -285,6 +312,7 @@ def main(argv: list[str]) -> int:
             "paths": {
                 name: asdict(p) | {"ratio": result.ratio(name)} for name, p in result.paths.items()
             },
+            "end_to_end": [asdict(f) for f in e2e],
         }
         print(json.dumps(data, indent=2))
         return 0
@@ -296,4 +324,26 @@ def main(argv: list[str]) -> int:
             f"{LABELS[name]}{label}: {path.steps_per_s:>9,.0f} env-steps/s{ratio}"
             + _cpu(path.cpu_us, path.server_cpu_us)
         )
+    _print_e2e(e2e)
     return 0
+
+
+def _print_e2e(figures: list[Any]) -> None:
+    """PPO per path: sampling and whole-iteration env-steps/s, each vs in-process."""
+    baseline = {f.envs_per_game: f for f in figures if f.path == "in_process"}
+    for f in figures:
+        base = baseline[f.envs_per_game]
+        ratios = (
+            ""
+            if f.path == "in_process"
+            else f" ({f.sample_steps_per_s / base.sample_steps_per_s:.2f}x)"
+        )
+        rss = "n/a" if f.runner_rss_mb is None else f"{f.runner_rss_mb:,.0f} MiB"
+        print(
+            f"PPO         {E2E_LABELS[f.path]} x{f.envs_per_game:<2} per game: sampling "
+            f"{f.sample_steps_per_s:>7,.0f} env-steps/s{ratios:8}  iterations "
+            f"{f.iteration_steps_per_s:>6,.0f} env-steps/s  env runner RSS {rss}"
+        )
+
+
+E2E_LABELS = {"in_process": "in-process  ", "python": "python client", "native": "native client"}

@@ -58,6 +58,9 @@ class UEConnection(BaseModel):
     tls_ca_path: str | None = None
     tls_cert_path: str | None = None
     tls_key_path: str | None = None
+    # The game client: "auto" (compiled when built and the game is plaintext), "native"
+    # or "python" (training/native_client). None: the runner's UERL_GAME_CLIENT.
+    client: Literal["auto", "native", "python"] | None = None
 
     def endpoint_for(self, worker_index: int) -> str:
         """`host:port` of the game that env runner `worker_index` talks to."""
@@ -210,6 +213,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
             startup_timeout_s=startup_timeout_s,
             request_timeout_s=connection.request_timeout_s,
             tls=connection.tls(),
+            client=connection.client,
         )
         signature = env.game.to_dict() | {"endpoint": ""}
         if self._game_signature is not None and signature != self._game_signature:

@@ -1,0 +1,171 @@
+"""`uerl bench`'s end-to-end part: PPO stepping the environments in-process vs in games.
+
+One PPO config (uerl's `build_ppo_config`: same runners, environments per runner and
+hyperparameters), three places for the environments:
+  in-process  the scenario as a one-agent MultiAgentEnv in RLlib's own MultiAgentEnvRunner;
+  python      mock games (one per env runner) reached with the gRPC Python client;
+  native      the same, with the compiled client.
+All three train on one local cluster of raylets, as `uerl local` runs them (head without
+CPUs, worker nodes advertising `ue_worker`), one iteration each per round, so all see
+the same machine load. Per path: env steps per second of sampling (RLlib's sampling
+timer, which is what the client changes), per second of whole iterations (learner
+included), and the env runners' resident memory.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from ray.rllib.env.multi_agent_env import MultiAgentEnv
+
+AGENT = "agent_0"  # what the mock game calls its one agent
+
+
+class InProcessGame(MultiAgentEnv):
+    """The mock game's single-agent scenario, in-process, under the agent id the game uses."""
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.env = gym.make((config or {}).get("env_id", "CartPole-v1"))
+        self.possible_agents = [AGENT]
+        self.agents = [AGENT]
+        self.observation_spaces = {AGENT: self.env.observation_space}
+        self.action_spaces = {AGENT: self.env.action_space}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        return {AGENT: obs}, {AGENT: info}
+
+    def step(self, action_dict: dict[str, Any]):
+        obs, reward, term, trunc, info = self.env.step(action_dict[AGENT])
+        return (
+            {AGENT: obs},
+            {AGENT: reward},
+            {AGENT: term, "__all__": term},
+            {AGENT: trunc, "__all__": trunc},
+            {AGENT: info},
+        )
+
+
+@dataclass
+class E2EFigures:
+    path: str
+    envs_per_game: int
+    sample_rates: list[float] = field(default_factory=list)
+    iteration_rates: list[float] = field(default_factory=list)
+    runner_rss_mb: float | None = None
+
+    @property
+    def sample_steps_per_s(self) -> float:
+        return statistics.median(self.sample_rates)
+
+    @property
+    def iteration_steps_per_s(self) -> float:
+        return statistics.median(self.iteration_rates)
+
+
+def _runner_rss_mb(algo: Any) -> float | None:
+    def rss(_runner: Any) -> int:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+    sizes = algo.env_runner_group.foreach_env_runner(rss, local_env_runner=False)
+    return statistics.mean(sizes) / 2**20 if sizes else None
+
+
+def _games(
+    env_id: str, envs: int, count: int, server: str
+) -> tuple[list[subprocess.Popen[str]], int]:
+    """`count` mock games on consecutive ports base+1..base+count (`per_worker` offsets)."""
+    from training.commands.bench import start_mock_at
+    from training.local.processes import free_port
+
+    for _attempt in range(20):
+        base = free_port()
+        procs: list[subprocess.Popen[str]] = []
+        try:
+            for k in range(1, count + 1):
+                procs.append(start_mock_at(env_id, envs, base + k, server))
+            return procs, base
+        except RuntimeError:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=10)
+    raise RuntimeError("no run of free consecutive ports for the mock games")
+
+
+def run(
+    env_id: str, envs_per_game: int, iterations: int, clients: list[str], runners: int = 2
+) -> list[E2EFigures]:
+    import ray
+    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+
+    from training import native_client
+    from training.local.ray_cluster import NODE_IP, LocalRayCluster, NodeSpec
+    from training.protocol.client import GymClient
+    from training.protocol.game_spec import game_spec_from_definition
+    from training.rllib.algorithm import build_ppo_config
+    from training.rllib.env_runner import UEConnection
+
+    server = "native" if native_client.available() else "grpcio"
+    paths = ["in_process", *clients]
+    figures = {p: E2EFigures(p, envs_per_game) for p in paths}
+    procs: list[subprocess.Popen[str]] = []
+    nodes = [NodeSpec("head", "head", 0)] + [
+        NodeSpec(f"worker{i}", "worker", len(paths), 0, {"ue_worker": float(len(paths))})
+        for i in range(1, runners + 1)
+    ]
+    try:
+        with ExitStack() as stack:
+            cluster = stack.enter_context(LocalRayCluster(nodes))
+            bases = {}
+            for client in clients:  # each client gets games of its own: a game serves one session
+                games, bases[client] = _games(env_id, envs_per_game, runners, server)
+                procs += games
+            with GymClient(f"127.0.0.1:{bases[clients[0]] + 1}") as probe:
+                probe.connect()
+                game = game_spec_from_definition(probe.training_definition(), "bench")
+            ray.init(address=cluster.address, _node_ip_address=NODE_IP, log_to_driver=False)
+            stack.callback(ray.shutdown)
+            algos = {}
+            for path in paths:
+                connection = UEConnection(
+                    url_template="127.0.0.1",
+                    port=bases.get(path, bases[clients[0]]),
+                    port_offset_mode="per_worker",
+                    client=path if path != "in_process" else None,
+                )
+                config = build_ppo_config(
+                    game, connection, num_env_runners=runners, custom_resource="ue_worker", seed=0
+                )
+                if path == "in_process":
+                    config = config.environment(
+                        env=InProcessGame, env_config={"env_id": env_id}
+                    ).env_runners(env_runner_cls=MultiAgentEnvRunner)
+                algos[path] = config.build_algo()
+                stack.callback(algos[path].stop)
+            for algo in algos.values():
+                algo.train()  # warm-up: first iterations build connectors and compile
+            for _ in range(iterations):
+                for path, algo in algos.items():
+                    start = time.perf_counter()
+                    result = algo.train()
+                    elapsed = time.perf_counter() - start
+                    steps = result["env_runners"]["num_env_steps_sampled"]
+                    sampling = result["timers"]["env_runner_sampling_timer"]
+                    figures[path].sample_rates.append(steps / sampling)
+                    figures[path].iteration_rates.append(steps / elapsed)
+            for path, algo in algos.items():
+                figures[path].runner_rss_mb = _runner_rss_mb(algo)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+    return list(figures.values())
