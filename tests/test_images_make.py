@@ -15,8 +15,8 @@ from infra.topology import SIMULATOR_DEFAULTS, Topology
 def test_make_images_builds_the_default_ray_and_mock_game_tags() -> None:
     venv_bin = Path(sys.executable).parent
     proc = subprocess.run(
-        # -n: print the commands; STAMP= skips the venv set-up prerequisite.
-        ["make", "-n", "images", f"BIN={venv_bin}", "STAMP="],
+        # -n: print the commands; the empty stamps skip the set-up prerequisites.
+        ["make", "-n", "images", f"BIN={venv_bin}", "STAMP=", "NATIVE_STAMP="],
         cwd=PROJECT_ROOT,
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         capture_output=True,
