@@ -243,3 +243,38 @@ def test_a_closed_env_is_not_reconnected_by_the_compiled_step(mock_ue: MockFacto
     with pytest.raises(UEConnectionError, match="is not connected"):
         env.step([{"agent_0": 0}, {"agent_0": 1}])
     assert server.stats.sessions_closed == 1
+
+
+@pytest.mark.parametrize("client", ["python", "native"])
+def test_each_client_runs_a_session_against_the_compiled_server(
+    mock_ue: MockFactory, client: str
+) -> None:
+    from training.protocol.client import GymClient
+    from training.protocol.errors import UEProtocolError
+
+    server = mock_ue("CartPole-v1", num_envs=2, transport="native")
+    with GymClient(server.address, startup_timeout_s=5, transport=client) as game:
+        with pytest.raises(UEProtocolError, match="FAILED_PRECONDITION: no session"):
+            game.reset({0: 1})  # a status with its message crosses intact
+        game.connect()
+        assert len(game.training_definition().environment_definitions) == 2
+        assert set(game.reset({0: 1, 1: 2}).initial_state.environment_states) == {0, 1}
+        env = UEVectorEnv(server.address, client=client)  # supersedes this session
+        env.reset(seed=0)
+        observations, *_ = env.step([{"agent_0": 0}, {"agent_0": 1}])
+        assert len(observations) == 2
+        env.close()
+    stats = server.stats
+    assert (stats.sessions_opened, stats.sessions_superseded, stats.steps) == (2, 1, 1)
+
+
+def test_the_compiled_server_answers_grpc_health_checks(mock_ue: MockFactory) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    server = mock_ue("CartPole-v1", transport="native")
+    with grpc.insecure_channel(server.address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="Schola.GymService"), timeout=5
+        )
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
