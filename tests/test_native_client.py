@@ -249,13 +249,21 @@ def test_a_closed_env_is_not_reconnected_by_the_compiled_step(mock_ue: MockFacto
 def test_each_client_runs_a_session_against_the_compiled_server(
     mock_ue: MockFactory, client: str
 ) -> None:
-    from training.protocol.client import GymClient
-    from training.protocol.errors import UEProtocolError
+    from training.protocol.client import UPDATE_STATE, GymClient
+    from training.protocol.transport import CallError, open_transport
 
     server = mock_ue("CartPole-v1", num_envs=2, transport="native")
+    transport = open_transport(server.address, None, client)
+    assert transport.wait_ready(5)
+    reset = pb.StateUpdate(reset=pb.Reset()).SerializeToString()
+    with pytest.raises(CallError) as failed:  # a status and its message cross intact
+        transport.call(UPDATE_STATE, reset, 5)
+    assert (failed.value.code, failed.value.details) == (
+        "FAILED_PRECONDITION",
+        "no session: call StartGymConnector first",
+    )
+    transport.close()
     with GymClient(server.address, startup_timeout_s=5, transport=client) as game:
-        with pytest.raises(UEProtocolError, match="FAILED_PRECONDITION: no session"):
-            game.reset({0: 1})  # a status with its message crosses intact
         game.connect()
         assert len(game.training_definition().environment_definitions) == 2
         assert set(game.reset({0: 1, 1: 2}).initial_state.environment_states) == {0, 1}
