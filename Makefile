@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 # cargo, uerl runs everything on its pure-Python client (README: Performance).
 $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 	@if command -v cargo >/dev/null 2>&1; then \
-		echo "setup 5/5: compiled game client (native/, cargo build --release, ~2 min the first time)"; \
+		echo "setup 5/5: compiled game client (native/, cargo build --release, about a minute the first time)"; \
 		CARGO_TARGET_DIR=$(CARGO_TARGET_DIR) $(BIN)/python -m pip install -q ./native; \
 	else \
 		echo "setup 5/5: no cargo on this machine: the pure-Python game client is used"; \
