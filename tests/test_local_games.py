@@ -13,6 +13,7 @@ from infra.topology import Topology
 from training.local import processes
 from training.local.endpoints import local_endpoints
 from training.local.games import LocalGamesError, LocalMockGames
+from training.protocol.client import GymClient
 from training.run.preflight import grpc_ready
 
 
@@ -153,3 +154,26 @@ def test_a_game_past_its_restart_cap_is_given_up_with_a_reason_naming_it(
         assert games.worker_game(1).proc.poll() is None  # the others keep running
     assert len(reasons) == 1
     assert "ue-2" in reasons[0] and "cap 0" in reasons[0] and "--game-restarts" in reasons[0]
+
+
+def test_plaintext_games_are_served_by_the_compiled_server_tls_games_by_grpc_python(
+    tmp_path: Path,
+) -> None:
+    from training import native_client
+
+    plain = LocalMockGames(workers=1, env_id="CartPole-v1", envs_per_game=1, run_dir=tmp_path)
+    tls = LocalMockGames(
+        workers=1,
+        env_id="CartPole-v1",
+        envs_per_game=1,
+        run_dir=tmp_path,
+        extra_args=["--tls-cert", "c.pem", "--tls-key", "k.pem"],
+    )
+    assert plain.transport == ("native" if native_client.available() else "grpcio")
+    assert tls.transport == "grpcio"
+    with plain as games:
+        (game,) = games.games
+        with GymClient(game.endpoint, startup_timeout_s=10) as client:
+            client.connect()
+            assert client.reset({0: 0}).initial_state.environment_states[0]
+    assert games.stats["ue-1"]["sessions_opened"] == 1
