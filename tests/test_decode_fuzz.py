@@ -127,6 +127,15 @@ def _mutate_bytes(rng: random.Random, data: bytes) -> bytes:
     return rng.randbytes(rng.randint(0, 64))
 
 
+def mutant(rng: random.Random, data: bytes, *, structural: bool) -> bytes:
+    """A reply mutated structurally (as a message) or as bytes."""
+    if not structural:
+        return _mutate_bytes(rng, data)
+    state = pb.State.FromString(data)
+    _mutate_structure(rng, state)
+    return state.SerializeToString()
+
+
 def _decode(env: UEVectorEnv, operation: str, data: bytes) -> None:
     if operation == RESET:
         env.decode_reset(parse_state(data, env.endpoint, operation))
@@ -149,12 +158,7 @@ def test_every_mutated_reply_fails_only_with_a_protocol_error_naming_where(
         outcomes = {"decoded": 0, "rejected": 0}
         for case in range(CASES_PER_GAME):
             operation, data = rng.choice(replies)
-            if case % 2:
-                state = pb.State.FromString(data)
-                _mutate_structure(rng, state)
-                data = state.SerializeToString()
-            else:
-                data = _mutate_bytes(rng, data)
+            data = mutant(rng, data, structural=bool(case % 2))
             try:
                 _decode(env, operation, data)
                 outcomes["decoded"] += 1

@@ -76,6 +76,27 @@ struct Action {
     box_shape: Vec<i32>,
 }
 
+impl Action {
+    /// One environment's action as a point: `values` for a Box, `ints` for the rest.
+    fn box_point(&self, values: Vec<f32>) -> Point {
+        let b = BoxPoint { values, dtype: self.box_dtype, shape: self.box_shape.clone() };
+        Point { point: Some(point::Point::BoxPoint(b)) }
+    }
+
+    fn int_point(&self, ints: &[i64]) -> Point {
+        let p = match self.kind {
+            DISCRETE => point::Point::DiscretePoint(DiscretePoint { value: ints[0] as i32 }),
+            MULTI_DISCRETE => point::Point::MultiDiscretePoint(MultiDiscretePoint {
+                values: ints.iter().map(|&x| x as i32).collect(),
+            }),
+            _ => point::Point::MultiBinaryPoint(MultiBinaryPoint {
+                values: ints.iter().map(|&x| x != 0).collect(),
+            }),
+        };
+        Point { point: Some(p) }
+    }
+}
+
 pub(crate) struct AgentLayout {
     pub(crate) id: String,
     leaves: Vec<Leaf>,
@@ -218,7 +239,7 @@ impl StepCodec {
                     ))
                 };
                 let point = match action.kind {
-                    DISCRETE => point::Point::DiscretePoint(DiscretePoint { value: value.extract::<i64>()? as i32 }),
+                    DISCRETE => action.int_point(&[value.extract::<i64>()?]),
                     BOX => {
                         let values: Vec<f32> = match value.extract::<numpy::PyReadonlyArrayDyn<'_, f32>>() {
                             Ok(a) => a.as_array().iter().copied().collect(),
@@ -232,34 +253,18 @@ impl StepCodec {
                         if values.len() != action.size {
                             return Err(wrong(values.len()));
                         }
-                        point::Point::BoxPoint(BoxPoint {
-                            values,
-                            dtype: action.box_dtype,
-                            shape: action.box_shape.clone(),
-                        })
+                        action.box_point(values)
                     }
                     _ => {
-                        let values: Vec<i64> = value
-                            .extract::<numpy::PyReadonlyArrayDyn<'_, i64>>()?
-                            .as_array()
-                            .iter()
-                            .copied()
-                            .collect();
-                        if values.len() != action.size {
-                            return Err(wrong(values.len()));
+                        let values = value.extract::<numpy::PyReadonlyArrayDyn<'_, i64>>()?;
+                        let ints: Vec<i64> = values.as_array().iter().copied().collect();
+                        if ints.len() != action.size {
+                            return Err(wrong(ints.len()));
                         }
-                        if action.kind == MULTI_DISCRETE {
-                            point::Point::MultiDiscretePoint(MultiDiscretePoint {
-                                values: values.iter().map(|&x| x as i32).collect(),
-                            })
-                        } else {
-                            point::Point::MultiBinaryPoint(MultiBinaryPoint {
-                                values: values.iter().map(|&x| x != 0).collect(),
-                            })
-                        }
+                        action.int_point(&ints)
                     }
                 };
-                step.updates.insert(agent.id.clone(), Point { point: Some(point) });
+                step.updates.insert(agent.id.clone(), point);
             }
             envs.push(step);
         }
@@ -423,56 +428,31 @@ impl StepCodec {
             })?;
             let env = env.as_slice()?;
             let size = action.size;
-            let bad_row = |i: i32| PyValueError::new_err(format!("environment {i} out of range"));
-            if action.kind == BOX {
-                let values = values.extract::<PyReadonlyArray1<'py, f32>>()?;
-                let v = values.as_slice()?;
-                if v.len() != env.len() * size {
-                    return Err(PyValueError::new_err(format!(
-                        "action of '{}': {} values for {} environments of {size}",
-                        agent.id,
-                        v.len(),
-                        env.len()
-                    )));
-                }
-                for (r, &i) in env.iter().enumerate() {
-                    let step = envs.get_mut(i as usize).ok_or_else(|| bad_row(i))?;
-                    step.updates.insert(
-                        agent.id.clone(),
-                        Point {
-                            point: Some(point::Point::BoxPoint(BoxPoint {
-                                values: v[r * size..(r + 1) * size].to_vec(),
-                                dtype: action.box_dtype,
-                                shape: action.box_shape.clone(),
-                            })),
-                        },
-                    );
-                }
+            // Box actions arrive as float32, the other kinds as int64 (layout.py's `gather`).
+            let (floats, ints) = if action.kind == BOX {
+                (values.extract::<PyReadonlyArray1<'py, f32>>()?.as_slice()?.to_vec(), vec![])
             } else {
-                let values = values.extract::<PyReadonlyArray1<'py, i64>>()?;
-                let v = values.as_slice()?;
-                if v.len() != env.len() * size {
-                    return Err(PyValueError::new_err(format!(
-                        "action of '{}': {} values for {} environments of {size}",
-                        agent.id,
-                        v.len(),
-                        env.len()
-                    )));
-                }
-                for (r, &i) in env.iter().enumerate() {
-                    let step = envs.get_mut(i as usize).ok_or_else(|| bad_row(i))?;
-                    let row = &v[r * size..(r + 1) * size];
-                    let p = match action.kind {
-                        DISCRETE => point::Point::DiscretePoint(DiscretePoint { value: row[0] as i32 }),
-                        MULTI_DISCRETE => point::Point::MultiDiscretePoint(MultiDiscretePoint {
-                            values: row.iter().map(|&x| x as i32).collect(),
-                        }),
-                        _ => point::Point::MultiBinaryPoint(MultiBinaryPoint {
-                            values: row.iter().map(|&x| x != 0).collect(),
-                        }),
-                    };
-                    step.updates.insert(agent.id.clone(), Point { point: Some(p) });
-                }
+                (vec![], values.extract::<PyReadonlyArray1<'py, i64>>()?.as_slice()?.to_vec())
+            };
+            let count = floats.len().max(ints.len());
+            if count != env.len() * size {
+                return Err(PyValueError::new_err(format!(
+                    "action of '{}': {count} values for {} environments of {size}",
+                    agent.id,
+                    env.len()
+                )));
+            }
+            for (r, &i) in env.iter().enumerate() {
+                let step = envs
+                    .get_mut(i as usize)
+                    .ok_or_else(|| PyValueError::new_err(format!("environment {i} out of range")))?;
+                let rows = r * size..(r + 1) * size;
+                let point = if action.kind == BOX {
+                    action.box_point(floats[rows].to_vec())
+                } else {
+                    action.int_point(&ints[rows])
+                };
+                step.updates.insert(agent.id.clone(), point);
             }
         }
         let update = StateUpdate {

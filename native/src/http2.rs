@@ -130,7 +130,7 @@ pub enum Incoming {
     Headers { stream: u32, end_stream: bool, headers: Headers },
     Data { stream: u32, end_stream: bool, data: Vec<u8> },
     Reset { stream: u32, code: u32 },
-    GoAway { last_stream: u32, code: u32, debug: String },
+    GoAway { last_stream: u32, debug: String },
     Control,
 }
 
@@ -317,7 +317,7 @@ impl Connection {
                 let last_stream = word(0) & 0x7fff_ffff;
                 self.last_stream = Some(last_stream);
                 let debug = String::from_utf8_lossy(payload.get(8..).unwrap_or(&[])).into_owned();
-                Ok(Incoming::GoAway { last_stream, code: word(4), debug })
+                Ok(Incoming::GoAway { last_stream, debug })
             }
             PUSH_PROMISE => Err(protocol_error("PUSH_PROMISE, though push is disabled")),
             _ => Ok(Incoming::Control), // PRIORITY and unknown frame types are ignored
@@ -421,21 +421,6 @@ impl Connection {
                 other => park.push(other),
             }
         }
-    }
-
-    pub fn reset(&mut self, stream: u32, code: u32) -> io::Result<()> {
-        let mut out = Vec::with_capacity(13);
-        put_frame(&mut out, RST_STREAM, 0, stream, &code.to_be_bytes());
-        self.writer.write_all(&out)
-    }
-
-    pub fn go_away(&mut self, last_stream: u32) -> io::Result<()> {
-        let mut payload = Vec::with_capacity(8);
-        payload.extend_from_slice(&last_stream.to_be_bytes());
-        payload.extend_from_slice(&0u32.to_be_bytes());
-        let mut out = Vec::with_capacity(17);
-        put_frame(&mut out, GOAWAY, 0, 0, &payload);
-        self.writer.write_all(&out)
     }
 }
 
