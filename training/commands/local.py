@@ -7,6 +7,9 @@ raylets on 127.0.0.2), Y mock games (+ a discovery instance when networked) on
 stopped on exit, on error and on Ctrl-C/SIGTERM/SIGHUP (and dies with this
 process if it is killed).
 
+`uerl local scale N --run-dir DIR` changes the number of workers of the session
+running in DIR (games, worker nodes, endpoints.json); its training follows.
+
 `uerl local serve` starts the same topology with the Ray dashboard and keeps it
 up until Ctrl-C/SIGTERM, for `ray job submit ... -- uerl train` against it (the
 Ray Jobs flow of a deployed cluster, on this machine). `uerl local eval
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 PROG = "uerl local"
 EVAL_PROG = "uerl local eval"
 SERVE_PROG = "uerl local serve"
+SCALE_PROG = "uerl local scale"
 
 
 def _add_topology_args(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +171,8 @@ def main(argv: Sequence[str]) -> int:
         return main_eval(argv[1:])
     if argv[:1] == ["serve"]:
         return main_serve(argv[1:])
+    if argv[:1] == ["scale"]:
+        return main_scale(argv[1:])
     args = build_parser().parse_args(argv)
     from training.local.topology import StackConfigError
     from training.rllib.hparams import HyperparameterError
@@ -175,6 +181,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         topology = _load_topology(args)
         options = options_from_args(args, name=f"local-{topology.name}")
+        # The session rewrites it on `uerl local scale`; the training follows it.
+        options = options.model_copy(update={"endpoints_file": options.run_dir / "endpoints.json"})
         if args.eval_episodes is not None and args.eval_episodes < 1:
             raise ValueError(f"--eval-episodes {args.eval_episodes}: must be at least 1")
     except (StackConfigError, HyperparameterError, CheckpointError, ValueError) as exc:
@@ -278,3 +286,37 @@ def main_serve(argv: Sequence[str]) -> int:
         return 0
 
     return _run(args, topology, serve, run_dir, SERVE_PROG)
+
+
+def build_scale_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=SCALE_PROG,
+        description="Change the number of workers (games, worker nodes, env runners) of the "
+        "`uerl local` session running in --run-dir, while it trains: the local "
+        "`pulumi config set --path topology.workers.replicas N` + `pulumi up`.",
+    )
+    parser.add_argument("workers", type=int, help="Y: the new number of workers (0 pauses)")
+    parser.add_argument(
+        "--run-dir", type=Path, required=True, help="the run directory of the session"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="wait at most S seconds for the session to apply it (300)",
+    )
+    return parser
+
+
+def main_scale(argv: Sequence[str]) -> int:
+    args = build_scale_parser().parse_args(list(argv))
+    from training.local.scaling import ScaleError, request_scale
+
+    try:
+        result = request_scale(args.run_dir, args.workers, timeout_s=args.timeout)
+    except ScaleError as exc:
+        print(f"{SCALE_PROG}: {exc}", file=sys.stderr)
+        return 2
+    print(f"{SCALE_PROG}: {result.message}", flush=True)
+    return 0 if result.ok else 1

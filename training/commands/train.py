@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from infra.endpoints import EndpointsError
+from infra.endpoints import Endpoints, EndpointsError
 from training.commands.training_options import add_training_args, options_from_args
 from training.rllib.hparams import HyperparameterError
 from training.run.checkpoints import CheckpointError
@@ -40,12 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    from training.run.endpoints_source import load_endpoints
+    from training.run.endpoints_source import endpoints_file
 
     try:
-        endpoints = load_endpoints(args.endpoints)
+        source = endpoints_file(args.endpoints)
+        endpoints = Endpoints.from_file(source)
         options = options_from_args(
-            args, name=endpoints.cluster_name, extra={"ray_address": args.ray_address}
+            args,
+            name=endpoints.cluster_name,
+            extra={"ray_address": args.ray_address, "endpoints_file": source},
         )
     except (EndpointsError, HyperparameterError, CheckpointError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

@@ -30,6 +30,8 @@ from training.local.restart_policy import RestartPolicy
 
 HOST = "127.0.0.1"
 READY_PREFIX = "mock-ue listening on"
+# Ports kept free beyond the first games, for games a rescale adds.
+PORT_HEADROOM = 16
 
 
 class LocalGamesError(RuntimeError):
@@ -47,6 +49,7 @@ class MockGame:
     started_at: float = field(default_factory=time.monotonic)
     restart_at: float | None = None  # pending restart (monotonic time)
     given_up: bool = False
+    removed: bool = False  # stopped by a rescale: never restarted
     # Every incarnation writes its own stats file; stop() adds them up.
     stats_files: list[Path] = field(default_factory=list)
 
@@ -87,7 +90,8 @@ class LocalMockGames(processes.StartedGroup):
         self.env_id = env_id
         self.envs_per_game = envs_per_game
         self.run_dir = run_dir
-        self.base_port = base_port or processes.free_port_block(workers + 1)
+        # Room to grow (`uerl local scale`): game i listens on base_port + i.
+        self.base_port = base_port or processes.free_port_block(workers + 1 + PORT_HEADROOM)
         self.discovery_instance = discovery_instance
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
@@ -99,6 +103,8 @@ class LocalMockGames(processes.StartedGroup):
         self.stats: dict[str, dict[str, Any]] = {}
         self._stopped = False
         self._stopping = threading.Event()
+        # The supervisor and a rescale both touch `games`.
+        self._lock = threading.Lock()
         self._supervisor: threading.Thread | None = None
 
     def worker_game(self, index: int) -> MockGame:
@@ -123,6 +129,48 @@ class LocalMockGames(processes.StartedGroup):
         )
         self._supervisor.start()
 
+    # -- rescale (`uerl local scale`) -------------------------------------------
+
+    def worker_count(self) -> int:
+        return sum(1 for g in self.games if g.name != "ue-disc")
+
+    def add_worker_games(self, count: int) -> list[MockGame]:
+        """Start games ue-(Y+1) .. ue-(Y+count) on their ports; return them once ready."""
+        first = self.worker_count() + 1
+        new = []
+        for index in range(first, first + count):
+            port = self.base_port + index
+            if not processes.port_is_free(port, HOST):
+                raise LocalGamesError(
+                    f"game ue-{index} needs port {port} (base port {self.base_port} + {index}), "
+                    "which another process holds"
+                )
+            game = self._launch(f"ue-{index}", port)
+            new.append(game)
+            with self._lock:
+                self.games.append(game)
+        deadline = time.monotonic() + self.startup_timeout_s
+        for game in new:
+            self._wait_ready(game, deadline)
+        self.workers = self.worker_count()
+        return new
+
+    def remove_worker_games(self, count: int) -> list[MockGame]:
+        """Stop the last `count` worker games (highest index first), keeping their stats."""
+        with self._lock:
+            workers = [g for g in self.games if g.name != "ue-disc"]
+            leaving = workers[len(workers) - count :]
+            for game in leaving:
+                game.removed = True
+            self.games = [g for g in self.games if g not in leaving]
+        survivors = processes.terminate([g.proc for g in leaving], grace_s=self.stop_grace_s)
+        for game in leaving:
+            self._collect_stats(game)
+        self.workers = self.worker_count()
+        if survivors:
+            raise LocalGamesError(f"mock games survived SIGKILL: {sorted(survivors)}")
+        return leaving
+
     def restarts(self) -> dict[str, int]:
         return {g.name: g.policy.restarts for g in self.games}
 
@@ -136,19 +184,26 @@ class LocalMockGames(processes.StartedGroup):
             self._supervisor.join(timeout=30)
         survivors = processes.terminate([g.proc for g in self.games], grace_s=self.stop_grace_s)
         for game in self.games:
-            totals: dict[str, Any] = {}
-            for path in game.stats_files:
-                try:
-                    stats = json.loads(path.read_text())
-                except (OSError, ValueError):
-                    continue  # killed before it could write: absent from the totals
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0) + value
-            if totals:
-                self.stats[game.name] = totals
+            self._collect_stats(game)
         if survivors:
             raise LocalGamesError(f"mock games survived SIGKILL: {sorted(survivors)}")
         return self.stats
+
+    def _collect_stats(self, game: MockGame) -> None:
+        totals: dict[str, Any] = {}
+        for path in game.stats_files:
+            try:
+                stats = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # killed before it could write: absent from the totals
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0) + value
+        if totals:
+            # A game that left and came back (scale down, then up) adds up.
+            previous = self.stats.get(game.name, {})
+            self.stats[game.name] = {
+                k: previous.get(k, 0) + totals.get(k, 0) for k in {*previous, *totals}
+            }
 
     def pids(self) -> set[int]:
         out: set[int] = set()
@@ -206,8 +261,10 @@ class LocalMockGames(processes.StartedGroup):
 
     def _supervise(self) -> None:
         while not self._stopping.wait(0.1):
-            for game in self.games:
-                if game.given_up:
+            with self._lock:
+                games = list(self.games)
+            for game in games:
+                if game.given_up or game.removed:
                     continue
                 if game.restart_at is not None:
                     if time.monotonic() >= game.restart_at:

@@ -75,6 +75,14 @@ def session_members(sid: int) -> set[int]:
     return members
 
 
+def title_contains(pid: int, text: str) -> bool:
+    """Whether process `pid`'s command line (its title, if it set one) contains `text`."""
+    try:
+        return text in " ".join(psutil.Process(pid).cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def alive(pids: Iterable[int]) -> set[int]:
     """The subset of `pids` still running (zombies count as gone)."""
     out = set()

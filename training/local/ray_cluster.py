@@ -31,6 +31,8 @@ TEMP_ROOT = "/tmp"
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 
 NodeRole = Literal["head", "learner", "worker"]
+# The process title Ray gives an env runner actor's worker process.
+ACTOR_TITLE = "ray::UEEnvRunner"
 
 
 # Set for every node, and for this process by `start()`: it is the cluster's driver,
@@ -182,6 +184,52 @@ class LocalRayCluster(processes.StartedGroup):
         if self._nodes:
             survivors |= processes.terminate([self._nodes[0].proc], grace_s=self.stop_grace_s)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if survivors:
+            raise LocalClusterError(f"processes survived SIGKILL: {sorted(survivors)}")
+
+    # -- rescale (`uerl local scale`) -------------------------------------------
+
+    def worker_nodes(self) -> list[str]:
+        return [n.spec.name for n in self._nodes if n.spec.role == "worker"]
+
+    def add_worker_nodes(self, count: int, *, timeout_s: float | None = None) -> list[str]:
+        """Start `count` more worker nodes like the first ones; return their names once the
+        GCS lists them alive. Names are never reused (each node has its own temp dir)."""
+        template = next((n.spec for n in self._nodes if n.spec.role == "worker"), None)
+        if template is None:
+            template = next(s for s in self.specs if s.role == "worker")
+        used = [int(s.name.removeprefix("worker")) for s in self.specs if s.role == "worker"]
+        first = max(used, default=0) + 1
+        new = [
+            NodeSpec(f"worker{first + i}", "worker", template.num_cpus, 0, dict(template.resources))
+            for i in range(count)
+        ]
+        deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
+        self.specs = [*self.specs, *new]
+        for spec in new:
+            self._launch(spec)
+        for node in self._nodes[-count:] if count else []:
+            self._wait_started(node, deadline)
+        self._wait_registered(deadline)
+        return [spec.name for spec in new]
+
+    def busy_worker_nodes(self) -> set[str]:
+        """Worker nodes whose raylet hosts a live env runner actor (Ray titles its actor
+        processes `ray::<class>`)."""
+        busy = set()
+        for node in self._nodes:
+            if node.spec.role == "worker" and any(
+                processes.title_contains(pid, ACTOR_TITLE) for pid in processes.tree(node.proc.pid)
+            ):
+                busy.add(node.spec.name)
+        return busy
+
+    def remove_worker_nodes(self, names: list[str]) -> None:
+        """Stop these worker nodes (TERM, then KILL) and forget them."""
+        leaving = [n for n in self._nodes if n.spec.name in names and n.spec.role == "worker"]
+        survivors = processes.terminate([n.proc for n in leaving], grace_s=self.stop_grace_s)
+        self._nodes = [n for n in self._nodes if n not in leaving]
+        self.specs = [s for s in self.specs if s.name not in names]
         if survivors:
             raise LocalClusterError(f"processes survived SIGKILL: {sorted(survivors)}")
 

@@ -47,6 +47,7 @@ def run_local(
     from training.local.game_tls import throwaway
     from training.local.games import LocalGamesError, LocalMockGames
     from training.local.ray_cluster import LocalClusterError, LocalRayCluster, node_specs
+    from training.local.scaling import LocalScaler
     from training.run.stop import StopRequest
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -80,6 +81,7 @@ def run_local(
     atexit.register(cluster.stop)
     started = time.monotonic()
     code = 1
+    scaler: LocalScaler | None = None
     try:
         with StopRequest() as stop:
             # A game past its restart cap ends training like a fatal error would,
@@ -100,7 +102,12 @@ def run_local(
                 )
                 if game_tls is not None:
                     endpoints = endpoints.model_copy(update={"tls": game_tls.client})
-                (run_dir / "endpoints.json").write_text(endpoints.to_json())
+                # `uerl local scale N --run-dir` reaches the session through it.
+                scaler = LocalScaler(
+                    run_dir, cluster, games, endpoints, log=lambda line: print(line, flush=True)
+                )
+                scaler.publish(endpoints)
+                scaler.start()
                 print(
                     f"{prog}: Ray at {cluster.address}, games "
                     + ", ".join(f"{g.name}={g.endpoint}" for g in games.games)
@@ -117,6 +124,9 @@ def run_local(
         print(f"{prog}: {exc}", file=sys.stderr)
         code = 1
     finally:
+        # After the games and nodes it may have started are stopped (see LocalScaler).
+        if scaler is not None:
+            scaler.stop()
         atexit.unregister(cluster.stop)
         atexit.unregister(games.stop)
     _report_games(games, run_dir)

@@ -1,10 +1,12 @@
 """RLlib (new API stack) env runner that connects each remote runner to its own UE game.
 
 `config.env_config["ue"]` holds a `UEConnection` (plain dict). Remote env runners
-are numbered 1..N; runner i talks to `UEConnection.endpoint_for(i)`, i.e. the URL
-template expanded with `{worker_index}` and the port offset by i in `per_worker`
-mode. The local runner (index 0) creates no env when remote runners exist (RLlib
-only builds it when `num_env_runners == 0` or `create_env_on_local_worker`).
+serve game slots 1..Y; runner i talks to `UEConnection.endpoint_for(slot)`, i.e. the
+URL template expanded with `{worker_index}` and the port offset by the slot in
+`per_worker` mode. The slot is the runner's index unless the run's `RunnerRegistry`
+assigns another (runners added by a live rescale, see `training.rescale`). The
+local runner (index 0) creates no env when remote runners exist (RLlib only builds
+it when `num_env_runners == 0` or `create_env_on_local_worker`).
 
 A game that dies or hangs does not stop training: every call to it has a
 deadline, the runner drops the episodes the failure cut (they never count as
@@ -29,6 +31,7 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED
 from infra.endpoints import worker_endpoint
 from training.protocol.errors import UEError, UEProtocolError
 from training.rllib.game_health import GameHealth
+from training.rllib.runner_registry import RunnerRegistry
 from training.rllib.shared_health import SharedGameHealth
 from training.run.console import retag_if_quiet
 
@@ -119,6 +122,10 @@ class UEEnvRunner(MultiAgentEnvRunner):
         self._game_signature: dict[str, Any] | None = None
         self._shared_health: SharedGameHealth | None = None
         self._connection: UEConnection | None = None
+        self._slot: int | None = None
+        self._expected_game: dict[str, Any] | None = None
+        # Set after a rescale: this runner's share of the train batch per environment.
+        self._fragment_length: int | None = None
         _quiet_rllib_about_game_faults()
         # RLlib's logger is created on import, after the job's worker setup hook ran.
         retag_if_quiet()
@@ -130,6 +137,22 @@ class UEEnvRunner(MultiAgentEnvRunner):
             self._connection = UEConnection.from_env_config(dict(self.config.env_config))
         return self._connection
 
+    @property
+    def slot(self) -> int:
+        """The game slot this runner serves: its index unless the registry says otherwise."""
+        if self._slot is None:
+            index = self.worker_index or 0
+            registry = _registry()
+            self._slot = registry.slot_of(index) if registry is not None and index else index
+            if registry is not None:
+                self._expected_game = registry.game()
+                self._fragment_length = registry.fragment_length(index)
+        return self._slot
+
+    def follow_fragment_lengths(self, lengths: dict[int, int]) -> None:
+        """The driver's new split of the train batch after a rescale."""
+        self._fragment_length = lengths.get(self.worker_index or 0)
+
     # ------------------------------------------------------------------ RLlib API
 
     def make_env(self) -> None:
@@ -139,6 +162,13 @@ class UEEnvRunner(MultiAgentEnvRunner):
         self._open_game(startup_timeout_s=self.connection.startup_timeout_s)
 
     def sample(self, **kwargs: Any) -> list[Any]:
+        if (
+            self._fragment_length is not None
+            and kwargs.get("num_timesteps") is None
+            and kwargs.get("num_episodes") is None
+            and self.config.batch_mode == "truncate_episodes"
+        ):
+            kwargs["num_timesteps"] = self._fragment_length * self.num_envs
         health = self.game_health_state()
         if not health.healthy:
             connection = self.connection
@@ -165,7 +195,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
     def game_health_state(self) -> GameHealth:
         if self._health is None:
             index = self.worker_index or 0
-            self._health = GameHealth(index, self.connection.endpoint_for(index))
+            self._health = GameHealth(index, self.connection.endpoint_for(self.slot), self.slot)
         return self._health
 
     @property
@@ -207,7 +237,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
         connection = self.connection
         self._close_env()
         index = self.worker_index or 0
-        endpoint = connection.endpoint_for(index)
+        endpoint = connection.endpoint_for(self.slot)
         env = UEVectorEnv(
             endpoint,
             startup_timeout_s=startup_timeout_s,
@@ -216,6 +246,15 @@ class UEEnvRunner(MultiAgentEnvRunner):
             client=connection.client,
         )
         signature = env.game.to_dict() | {"endpoint": ""}
+        if self._game_signature is None and _other_game(signature, self._expected_game):
+            env.close()
+            # A game that joined a running training must host what discovery found.
+            raise GameChangedError(
+                endpoint,
+                "RequestTrainingDefinition",
+                "this game defines different agents or spaces than the game the run "
+                "discovered; it cannot join this training",
+            )
         if self._game_signature is not None and signature != self._game_signature:
             env.close()
             # Another build (or another game) answered: its policies would not fit.
@@ -294,6 +333,21 @@ class UEEnvRunner(MultiAgentEnvRunner):
             self._note_recovery()
             log.info("game at %s answers again; sampling", self.game_health_state().endpoint)
             return True
+
+
+def _registry() -> RunnerRegistry | None:
+    """The run's registry; None outside Ray (a runner built in-process by a test)."""
+    import ray
+
+    return RunnerRegistry.of_this_job() if ray.is_initialized() else None
+
+
+def _other_game(signature: dict[str, Any], expected: dict[str, Any] | None) -> bool:
+    """Whether a game's definition differs from the run's in agents or spaces (the number
+    of environments may differ: rollout sizing warns about it)."""
+    if expected is None:
+        return False
+    return {**signature, "num_envs": 0} != {**expected, "endpoint": "", "num_envs": 0}
 
 
 def _game_fault(exc: BaseException) -> UEError | None:

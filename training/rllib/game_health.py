@@ -28,6 +28,7 @@ class HealthEvent:
 class GameHealth:
     runner_index: int
     endpoint: str
+    slot: int = 0  # the game slot (1..Y) the runner serves; its index unless rescaled
     down_since: float | None = None
     faults: int = 0
     last_error: str = ""
@@ -67,6 +68,7 @@ class GameHealth:
         out = {
             "runner_index": self.runner_index,
             "endpoint": self.endpoint,
+            "slot": self.slot,
             "healthy": self.healthy,
             "down_for_s": self.down_for_s(),
             "faults": self.faults,

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.endpoints import Endpoints
 from training.protocol.game_spec import GameSpec
+from training.rescale.endpoints_watch import EndpointsWatch
+from training.rescale.rescaler import Rescaler
 from training.rllib.hparams import Algo
 from training.run import checkpoints, metrics
 from training.run.console import RayConsole
@@ -34,6 +36,8 @@ RAY_LOG_NAME = Path("logs") / "ray.log"
 # How long the driver waits for env runners' health reports after an iteration; a
 # runner that does not answer in time (busy, dead) counts as unknown that iteration.
 HEALTH_QUERY_TIMEOUT_S = 2.0
+# With no game left after a rescale, how often the paused driver looks for one.
+PAUSED_POLL_S = 1.0
 
 Log = Callable[[str], None]
 
@@ -68,6 +72,9 @@ class TrainOptions(BaseModel):
     game_down_limit_s: float = Field(default=300.0, gt=0)
     # Overrides endpoints.ray.gcs_address (e.g. a port-forward or ray://).
     ray_address: str | None = None
+    # Re-read between iterations: games and env runners follow its num_env_runners
+    # (a rescale while training). None: the run keeps the games it started with.
+    endpoints_file: Path | None = None
     # Ray's and RLlib's own output on the console too, as Ray prints it (--verbose).
     verbose: bool = False
 
@@ -179,7 +186,20 @@ def _run_training(
             endpoints.num_env_runners, give_up_after_s=options.game_down_limit_s
         )
         try:
-            result = _loop(algo, options, stop, log, board, game)
+            rescaler = Rescaler(
+                algo,
+                endpoints,
+                game,
+                watch=(
+                    EndpointsWatch(options.endpoints_file, endpoints)
+                    if options.endpoints_file is not None
+                    else None
+                ),
+                admission_timeout_s=options.preflight_timeout_s,
+                log=log,
+                events_path=options.run_dir / EVENTS_NAME,
+            )
+            result = _loop(algo, options, stop, log, board, game, rescaler)
         finally:
             algo.stop()
     finally:
@@ -248,6 +268,7 @@ def _loop(
     log: Log,
     board: RunnerHealthBoard,
     game: GameSpec | None = None,
+    rescaler: Rescaler | None = None,
 ) -> TrainResult:
     result = TrainResult()
     rows: list[metrics.IterationRow] = []
@@ -271,8 +292,16 @@ def _loop(
     result.rows = rows
     stop.graceful = True
     tensorboard = TensorBoardWriter(options.run_dir)
+    pause = _Pause(options.game_down_limit_s, log)
     try:
         while not _done(options, rows) and not stop.requested:
+            if rescaler is not None:
+                rescaler.between_iterations()
+                board.follow(rescaler.worker_indices())
+                if rescaler.runners == 0:
+                    pause.wait(stop)
+                    continue
+                pause.over()
             train_result = algo.train()
             row = metrics.row_from_result(train_result, previous_steps=previous)
             _check_runners(algo, board, stop, log, options.run_dir / EVENTS_NAME)
@@ -301,6 +330,37 @@ def _loop(
     if result.checkpoint is not None:
         log(f"checkpoint: {result.checkpoint}")
     return result
+
+
+class _Pause:
+    """No game left after a rescale: no sampling (no runner to sample with) until one
+    joins, for at most the game-down limit."""
+
+    def __init__(self, limit_s: float, log: Log) -> None:
+        self.limit_s = limit_s
+        self.log = log
+        self.since: float | None = None
+
+    def wait(self, stop: StopRequest) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            self.log(
+                "rescale: no game left (0 env runners): sampling paused until a game "
+                f"joins; the run stops after {self.limit_s:g} s without one (--game-down-limit)"
+            )
+        elif now - self.since >= self.limit_s:
+            stop.fail(
+                f"no game joined within {self.limit_s:g} s of the rescale to 0 games "
+                "(--game-down-limit)"
+            )
+            return
+        time.sleep(PAUSED_POLL_S)
+
+    def over(self) -> None:
+        if self.since is not None:
+            self.log(f"rescale: sampling again after {time.monotonic() - self.since:.1f} s paused")
+            self.since = None
 
 
 def _save(

@@ -13,13 +13,13 @@ from pathlib import Path
 from infra.endpoints import HEAD_ENDPOINTS_PATH, Endpoints, EndpointsError
 
 
-def load_endpoints(
-    path: str | Path | None, *, head_path: str | Path = HEAD_ENDPOINTS_PATH
-) -> Endpoints:
+def endpoints_file(path: str | Path | None, *, head_path: str | Path = HEAD_ENDPOINTS_PATH) -> Path:
+    """The file the endpoints come from; a running training re-reads it to follow a
+    rescale (on the head a ConfigMap the kubelet updates in place)."""
     if path is not None:
-        return Endpoints.from_file(path)
+        return Path(path)
     if Path(head_path).is_file():
-        return Endpoints.from_file(head_path)
+        return Path(head_path)
     raise EndpointsError(
         "no endpoints object: pass --endpoints FILE, written with\n"
         "  pulumi stack output endpoints --json > endpoints.json\n"
@@ -27,3 +27,9 @@ def load_endpoints(
         "(e.g. `ray job submit --working-dir . -- uerl train`).\n"
         "To run everything on this machine instead: `uerl local`."
     )
+
+
+def load_endpoints(
+    path: str | Path | None, *, head_path: str | Path = HEAD_ENDPOINTS_PATH
+) -> Endpoints:
+    return Endpoints.from_file(endpoints_file(path, head_path=head_path))

@@ -47,6 +47,14 @@ class RunnerHealthBoard:
                     )
         return lines
 
+    def follow(self, runner_indices: list[int]) -> None:
+        """The run's runners after a rescale: counts follow them; reports of runners
+        that left are forgotten."""
+        keep = set(runner_indices)
+        self.total = len(keep)
+        self.latest = {i: r for i, r in self.latest.items() if i in keep}
+        self.fresh &= keep
+
     @property
     def healthy(self) -> int:
         """Runners that answered this round with their game answering."""

@@ -1,0 +1,186 @@
+"""Between two iterations: follow the endpoints, remove the runners of games that left,
+add runners for games that joined, report each change in one line and one event."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infra.endpoints import Endpoints
+from training.protocol.game_spec import GameSpec
+from training.rescale.admission import Admission
+from training.rescale.endpoints_watch import EndpointsWatch
+from training.rescale.plan import Runner, game_name, plan_rescale
+from training.rescale.runner_pool import JoinFailure, RunnerPool
+from training.rllib.runner_registry import RunnerRegistry
+
+Log = Callable[[str], None]
+# A probe of a new game from the driver: short, it runs between iterations.
+PROBE_TIMEOUT_S = 2.0
+
+
+def game_signature(game: GameSpec) -> dict[str, Any]:
+    return game.to_dict() | {"endpoint": ""}
+
+
+class Rescaler:
+    def __init__(
+        self,
+        algo: Any,
+        endpoints: Endpoints,
+        game: GameSpec,
+        *,
+        watch: EndpointsWatch | None,
+        admission_timeout_s: float,
+        log: Log,
+        events_path: Path,
+    ) -> None:
+        self.endpoints = endpoints
+        self.game = game
+        self.watch = watch
+        self.log = log
+        self.events_path = events_path
+        self.admission_timeout_s = admission_timeout_s
+        self.registry = RunnerRegistry.of_this_job()
+        self.pool = RunnerPool(algo, self.registry)
+        self.admission = Admission(admission_timeout_s)
+        self.registry.set_game(game_signature(game))
+        self.registry.set_members(self.pool.worker_indices())
+        self._changed_at: float | None = None  # wall time the endpoints change was seen
+
+    @property
+    def runners(self) -> int:
+        return len(self.pool.runners)
+
+    @property
+    def wanted(self) -> int:
+        return self.endpoints.num_env_runners
+
+    def worker_indices(self) -> list[int]:
+        return self.pool.worker_indices()
+
+    def between_iterations(self) -> None:
+        started = time.monotonic()
+        if self.watch is not None:
+            changed, lines = self.watch.poll()
+            for line in lines:
+                self.log(line)
+            if changed is not None:
+                self.endpoints = changed
+                self._changed_at = time.time()
+                self.admission.endpoints_changed()
+        plan = plan_rescale(self.pool.runners.values(), self.wanted)
+        self.admission.want(plan.add_slots)
+        if plan.empty:
+            return
+        before = self.runners
+        if plan.remove:
+            self.pool.remove(list(plan.remove))
+        joined, failures = self._admit()
+        self.registry.set_members(self.pool.worker_indices())
+        if plan.remove or joined:
+            self.pool.split_train_batch()
+        for failure in failures:
+            line = self.admission.failed(failure.slot, failure.error, refuse=failure.refused)
+            if line is not None:
+                self.log(line)
+            if failure.slot in self.admission.given_up:
+                kind = "game_refused" if failure.refused else "game_given_up"
+                self._event(kind, slot=failure.slot, message=failure.error)
+        if plan.remove or joined:
+            self._report(before, plan.remove, joined, time.monotonic() - started)
+
+    # -- internals -------------------------------------------------------------
+
+    def _admit(self) -> tuple[list[Runner], list[JoinFailure]]:
+        due = self.admission.due()
+        if not due:
+            return [], []
+        failures: list[JoinFailure] = []
+        answering: list[int] = []
+        for slot in due:
+            problem = self._probe(slot)
+            if problem is None:
+                answering.append(slot)
+            else:
+                failures.append(problem)
+        room = self._free_units() if answering else 0
+        ready, no_room = answering[:room], answering[room:]
+        for slot in no_room:
+            failures.append(
+                JoinFailure(
+                    slot,
+                    f"no Ray node has a free unit of {self.endpoints.custom_resource!r} yet",
+                    refused=False,
+                )
+            )
+        joined, failed = self.pool.add(ready, ready_timeout_s=self.admission_timeout_s)
+        for runner in joined:
+            self.admission.admitted(runner.slot)
+        return joined, failures + failed
+
+    def _probe(self, slot: int) -> JoinFailure | None:
+        """Ask a new game for its definition from the driver, where the driver can reach it
+        (networked, local); a sidecar game is reached only from its node: its runner's
+        constructor asks it instead."""
+        from training.run.discovery import discover
+        from training.tls.config import for_games
+
+        endpoints = self.endpoints
+        routed = "{worker_index}" in endpoints.worker_url_template or (
+            endpoints.port_offset_mode == "per_worker"
+        )
+        if endpoints.pattern == "sidecar" and not routed:
+            return None
+        endpoint = endpoints.worker_endpoint(slot)
+        try:
+            spec = discover(endpoint, timeout_s=PROBE_TIMEOUT_S, tls=for_games(endpoints.tls))
+        except Exception as exc:  # no answer yet: retried with backoff
+            return JoinFailure(slot, f"{endpoint} does not answer: {exc}", refused=False)
+        theirs = game_signature(spec) | {"num_envs": 0}
+        if theirs != game_signature(self.game) | {"num_envs": 0}:
+            return JoinFailure(
+                slot,
+                f"{endpoint} defines agents {sorted(spec.agents)} with other spaces than "
+                f"the run's game (agents {sorted(self.game.agents)})",
+                refused=True,
+            )
+        return None
+
+    def _free_units(self) -> int:
+        from training.run.preflight import node_rooms
+
+        rooms = node_rooms(self.endpoints.custom_resource)
+        return sum(int(room.custom + 1e-9) for room in rooms)
+
+    def _report(
+        self, before: int, removed: tuple[Runner, ...], joined: list[Runner], seconds: float
+    ) -> None:
+        parts = []
+        if joined:
+            names = ", ".join(game_name(r.slot) for r in sorted(joined, key=lambda r: r.slot))
+            parts.append(f"{names} joined")
+        if removed:
+            names = ", ".join(game_name(r.slot) for r in sorted(removed, key=lambda r: r.slot))
+            parts.append(f"{names} left")
+        self.log(
+            f"rescale: {before} -> {self.runners} env runners ({'; '.join(parts)}) "
+            f"in {seconds:.1f} s"
+        )
+        self._event(
+            "rescale",
+            runners_before=before,
+            runners_after=self.runners,
+            joined=[r.slot for r in joined],
+            left=[r.slot for r in removed],
+            seconds=round(seconds, 3),
+            endpoints_changed_at=self._changed_at,
+        )
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        self.events_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.events_path.open("a") as fh:
+            fh.write(json.dumps({"kind": kind, "at": time.time(), **fields}) + "\n")

@@ -1,0 +1,175 @@
+"""The algorithm's remote env runners, added and removed with RLlib's EnvRunnerGroup means.
+
+New runners are built as `EnvRunnerGroup.add_workers` builds them (`_make_worker` with
+the group's config reference), but numbered by this pool: `add_workers` numbers them
+`num_actors() + i + 1`, which repeats the index of a live runner after a removal. Each
+runner's game slot goes into the run's `RunnerRegistry` before it starts. A runner is
+put in service only once it is up (its game answered in its constructor) and holds the
+current weights and connector states, synced from the local env runner as RLlib's
+`Algorithm.restore_env_runners` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from training.rescale.plan import Runner
+from training.rllib.runner_registry import RunnerRegistry
+
+STOP_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class JoinFailure:
+    slot: int
+    error: str
+    refused: bool  # the game answered, with other spaces: retrying cannot help
+
+
+class RunnerPool:
+    def __init__(self, algo: Any, registry: RunnerRegistry) -> None:
+        self.algo = algo
+        self.group = algo.env_runner_group
+        self.registry = registry
+        # RLlib built runners 1..N as actors 1..N, each on the game of its own index.
+        self.runners: dict[int, Runner] = {
+            aid: Runner(aid, aid, aid) for aid in self._manager.actor_ids()
+        }
+        self._next_index = max(self.runners, default=0) + 1
+
+    @property
+    def _manager(self) -> Any:
+        return self.group._worker_manager
+
+    def worker_indices(self) -> list[int]:
+        return sorted(r.worker_index for r in self.runners.values())
+
+    def add(
+        self, slots: list[int], *, ready_timeout_s: float
+    ) -> tuple[list[Runner], list[JoinFailure]]:
+        """Start one runner per slot, in parallel; put in service those that came up."""
+        import ray
+
+        if not slots:
+            return [], []
+        starting: dict[Any, tuple[int, int, Any]] = {}
+        total = len(self.runners) + len(slots)
+        for slot in slots:
+            index = self._next_index
+            self._next_index += 1
+            self.registry.assign(index, slot)
+            actor = self.group._make_worker(
+                env_creator=self.group._env_creator,
+                validate_env=None,
+                worker_index=index,
+                num_workers=total,
+                config=self.group._remote_config_obj_ref,
+            )
+            starting[actor.assert_healthy.remote()] = (slot, index, actor)
+        ready, pending = ray.wait(
+            list(starting), num_returns=len(starting), timeout=ready_timeout_s
+        )
+        joined: list[Runner] = []
+        failures: list[JoinFailure] = []
+        for ref in pending:
+            slot, _, actor = starting[ref]
+            ray.kill(actor, no_restart=True)
+            failures.append(
+                JoinFailure(
+                    slot,
+                    f"its env runner was not up within {ready_timeout_s:g} s (no free Ray "
+                    "node with the custom resource, or the game did not answer it)",
+                    refused=False,
+                )
+            )
+        for ref in ready:
+            slot, index, actor = starting[ref]
+            try:
+                ray.get(ref)
+            except Exception as exc:  # the constructor failed: its game refused or died
+                ray.kill(actor, no_restart=True)
+                failures.append(JoinFailure(slot, _first_line(exc), refused=_refused(exc)))
+                continue
+            actor_id = self._manager._next_id
+            self._manager.add_actors([actor])
+            joined.append(Runner(actor_id, index, slot))
+        if joined:
+            self._sync_state([r.actor_id for r in joined])
+            for runner in joined:
+                self.runners[runner.actor_id] = runner
+        return joined, failures
+
+    def remove(self, runners: list[Runner]) -> None:
+        """Take runners out of service and stop them; episodes they had going are dropped
+        with them (never returned, so never counted)."""
+        import ray
+
+        handles = []
+        for runner in runners:
+            self.runners.pop(runner.actor_id, None)
+            if runner.actor_id in self._manager.actor_ids():
+                handles.append(self._manager.remove_actor(runner.actor_id))
+        # stop() closes the game session cleanly; a runner whose node is gone cannot.
+        stops = [h.stop.remote() for h in handles]
+        if stops:
+            ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT_S)
+        for handle in handles:
+            ray.kill(handle, no_restart=True)
+
+    def split_train_batch(self) -> None:
+        """Give each runner its share of the train batch for the runners there are now,
+        as RLlib's "auto" rollout fragment length would for a run built with this many."""
+        lengths = fragment_lengths(self.algo.config, self.worker_indices())
+        if not lengths:
+            return
+        self.registry.set_fragment_lengths(lengths)  # for runners Ray restarts
+        self.group.foreach_env_runner(
+            func=lambda env_runner: env_runner.follow_fragment_lengths(lengths),
+            local_env_runner=False,
+            timeout_seconds=self.algo.config.env_runner_restore_timeout_s,
+        )
+
+    def _sync_state(self, actor_ids: list[int]) -> None:
+        """The new runners get the local env runner's state: module weights and connector
+        states (kept current by every iteration's weight sync)."""
+        import ray
+
+        source = self.group.local_env_runner
+        state_ref = ray.put(source.get_state())
+
+        def _set_state(env_runner: Any) -> None:
+            env_runner.set_state(ray.get(state_ref))
+
+        self.group.foreach_env_runner(
+            func=_set_state,
+            remote_worker_ids=actor_ids,
+            local_env_runner=False,
+            timeout_seconds=self.algo.config.env_runner_restore_timeout_s,
+        )
+
+
+def fragment_lengths(config: Any, worker_indices: list[int]) -> dict[int, int]:
+    """{worker index: rollout fragment length} for this many runners; {} unless "auto"."""
+    if config.rollout_fragment_length != "auto" or not worker_indices:
+        return {}
+    resized = config.copy(copy_frozen=False)
+    resized.num_env_runners = len(worker_indices)
+    return {
+        index: resized.get_rollout_fragment_length(worker_index=position)
+        for position, index in enumerate(sorted(worker_indices), start=1)
+    }
+
+
+def _first_line(exc: BaseException) -> str:
+    """The constructor's own error out of Ray's wrapping (traceback and all)."""
+    text = str(exc)
+    for marker in ("GameChangedError:", "UEConnectionError:", "UEProtocolError:"):
+        if marker in text:
+            return text.split(marker, 1)[1].strip().splitlines()[0]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _refused(exc: BaseException) -> bool:
+    return "GameChangedError" in str(exc)
