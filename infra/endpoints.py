@@ -111,7 +111,9 @@ class Endpoints(BaseModel):
     worker_url_template: str = Field(description="host of env runner i's game; {worker_index}")
     port: int = Field(ge=1, le=65535)
     port_offset_mode: PortOffsetMode
-    num_env_runners: int = Field(ge=1, description="Y: env runners, one UE instance each")
+    num_env_runners: int = Field(
+        ge=0, description="Y: env runners, one UE instance each (0: a training pauses)"
+    )
     num_learners: int = Field(ge=0, description="X: learner nodes")
     custom_resource: str = Field(description="Ray resource each env-runner node advertises")
     resources: Resources

@@ -161,9 +161,11 @@ class LearnerSpec(_NodeGroupSpec):
 
 
 class WorkerSpec(_NodeGroupSpec):
-    """Y env-runner nodes, one UE instance each, each advertising `custom_resource`."""
+    """Y env-runner nodes, one UE instance each, each advertising `custom_resource`.
 
-    replicas: int = Field(default=2, ge=1, le=1000)
+    replicas 0 leaves no game: a training that is running pauses until games return."""
+
+    replicas: int = Field(default=2, ge=0, le=1000)
     custom_resource: Text = "ue_worker"
 
     @field_validator("custom_resource")

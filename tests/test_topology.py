@@ -57,7 +57,7 @@ def test_overrides_merge_with_defaults() -> None:
     [
         ({"wrokers": {}}, "topology.wrokers: unknown key"),
         ({"workers": {"replica": 3}}, "topology.workers.replica: unknown key"),
-        ({"workers": {"replicas": 0}}, "topology.workers.replicas:"),
+        ({"workers": {"replicas": -1}}, "topology.workers.replicas:"),
         ({"learners": {"replicas": -1}}, "topology.learners.replicas:"),
         ({"learners": {"gpus": -1}}, "topology.learners.gpus:"),
         ({"learners": {"cpus": 0}}, "topology.learners.cpus:"),
@@ -102,7 +102,7 @@ def test_invalid_field_fails_with_one_message_naming_its_config_path(data: Any, 
 
 
 def test_all_errors_are_reported_together() -> None:
-    message = error_for({"workers": {"replicas": 0}, "simulator": {"port": 70000}})
+    message = error_for({"workers": {"replicas": -1}, "simulator": {"port": 70000}})
     assert "(2 errors)" in message
     assert "topology.workers.replicas" in message and "topology.simulator.port" in message
 

@@ -143,6 +143,10 @@ class LocalRayCluster(processes.StartedGroup):
         self.dashboard_port = 0
         self._nodes: list[_Node] = []
         self._stopped = False
+        # What `add_worker_nodes` copies, and how many worker names were ever used.
+        workers = [spec for spec in nodes if spec.role == "worker"]
+        self._worker_template = workers[0] if workers else None
+        self._workers_started = len(workers)
 
     @property
     def address(self) -> str:
@@ -195,11 +199,11 @@ class LocalRayCluster(processes.StartedGroup):
     def add_worker_nodes(self, count: int, *, timeout_s: float | None = None) -> list[str]:
         """Start `count` more worker nodes like the first ones; return their names once the
         GCS lists them alive. Names are never reused (each node has its own temp dir)."""
-        template = next((n.spec for n in self._nodes if n.spec.role == "worker"), None)
+        template = self._worker_template
         if template is None:
-            template = next(s for s in self.specs if s.role == "worker")
-        used = [int(s.name.removeprefix("worker")) for s in self.specs if s.role == "worker"]
-        first = max(used, default=0) + 1
+            raise LocalClusterError("this cluster was started without worker nodes to copy")
+        first = self._workers_started + 1
+        self._workers_started += count
         new = [
             NodeSpec(f"worker{first + i}", "worker", template.num_cpus, 0, dict(template.resources))
             for i in range(count)

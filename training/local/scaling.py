@@ -168,7 +168,8 @@ class LocalScaler:
                 message = self.scale(int(request["workers"]))
                 ok = True
             except Exception as exc:  # reported to the caller; the session goes on
-                message, ok = f"scale to {request.get('workers')} failed: {exc}", False
+                why = str(exc) or type(exc).__name__
+                message, ok = f"scale to {request.get('workers')} failed: {why}", False
             self.log(f"uerl local: {message}")
             result = {
                 "id": self._handled,

@@ -54,6 +54,8 @@ class MockStats:
     resets: int = 0
     steps: int = 0
     env_steps: int = 0
+    # Episodes the game ended (every agent of an environment done): what training may count.
+    episodes_ended: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -90,6 +92,7 @@ class _Session:
         # Plain lists: per-step bookkeeping over a few dozen flags is cheaper without numpy.
         self.alive = {s.agent_id: [False] * num_envs for s in self.slots}
         self.needs_reset = [True] * num_envs
+        self.episodes_ended = 0
 
     def close(self) -> None:
         for envs in self.envs.values():
@@ -178,6 +181,7 @@ class _Session:
             results.append((acting, obs, rewards, terms, truncs))
         alives = list(self.alive.values())
         done_idx = [i for i in range(n) if not restart[i] and not any(alive[i] for alive in alives)]
+        self.episodes_ended += len(done_idx)
         # NEXT_STEP: environments that finished last step restart now, ignoring actions;
         # they answer every agent's first observation with reward 0, not done.
         restart_obs = self._reset_envs(restart_idx, [None] * len(restart_idx))
@@ -533,8 +537,10 @@ class MockUEServer:
         elif kind == "step":
             if self.step_delay_s:
                 time.sleep(self.step_delay_s)
+            ended = session.episodes_ended
             reply, env_steps = session.step(request.step)
             self._stats.env_steps += env_steps
+            self._stats.episodes_ended += session.episodes_ended - ended
             self._stats.steps += 1
             if self.on_reply is None:
                 return reply  # already wire bytes: the hot path skips message objects

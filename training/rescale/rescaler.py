@@ -50,6 +50,8 @@ class Rescaler:
         self.registry.set_game(game_signature(game))
         self.registry.set_members(self.pool.worker_indices())
         self._changed_at: float | None = None  # wall time the endpoints change was seen
+        # Runners that joined and have not yet reported a sample: {worker index: slot}.
+        self._joined_not_sampling: dict[int, int] = {}
 
     @property
     def runners(self) -> int:
@@ -92,6 +94,24 @@ class Rescaler:
                 self._event(kind, slot=failure.slot, message=failure.error)
         if plan.remove or joined:
             self._report(before, plan.remove, joined, time.monotonic() - started)
+        self._joined_not_sampling.update({r.worker_index: r.slot for r in joined})
+
+    def note_reports(self, reports: list[dict[str, Any]]) -> None:
+        """Record when each runner that joined first sampled (from the health reports the
+        driver reads after every iteration): the time a rescale took, end to end."""
+        for report in reports:
+            index = int(report["runner_index"])
+            sampled_at = report.get("first_sample_at")
+            if index in self._joined_not_sampling and sampled_at is not None:
+                slot = self._joined_not_sampling.pop(index)
+                since = None if self._changed_at is None else sampled_at - self._changed_at
+                self._event(
+                    "joined_sampling",
+                    slot=slot,
+                    runner_index=index,
+                    first_sample_at=sampled_at,
+                    seconds_since_change=None if since is None else round(since, 3),
+                )
 
     # -- internals -------------------------------------------------------------
 

@@ -188,6 +188,8 @@ class UEEnvRunner(MultiAgentEnvRunner):
                 raise
             self._lose_game(fault)
             return self._sampled_nothing()
+        if health.first_sample_at is None:
+            health.first_sample_at = time.time()
         return episodes
 
     # ------------------------------------------------------------------ health

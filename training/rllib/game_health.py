@@ -34,6 +34,8 @@ class GameHealth:
     last_error: str = ""
     # Wall time of the first sampled step after the latest recovery (benchmarks read it).
     last_recovery_at: float | None = None
+    # Wall time this runner's first sample returned (a rescale's figures read it).
+    first_sample_at: float | None = None
     events: list[HealthEvent] = field(default_factory=list)
 
     @property
@@ -74,6 +76,7 @@ class GameHealth:
             "faults": self.faults,
             "last_error": self.last_error,
             "last_recovery_at": self.last_recovery_at,
+            "first_sample_at": self.first_sample_at,
             "events": [asdict(e) for e in self.events],
         }
         self.events = []

@@ -234,7 +234,12 @@ def _build_algo(config: Any, num_env_runners: int) -> Any:
 
 
 def _check_runners(
-    algo: Any, board: RunnerHealthBoard, stop: StopRequest, log: Log, events_path: Path
+    algo: Any,
+    board: RunnerHealthBoard,
+    stop: StopRequest,
+    log: Log,
+    events_path: Path,
+    rescaler: Rescaler | None = None,
 ) -> None:
     """Print what happened to the games since the last iteration; give up if all are gone.
     Every event also goes to `events_path` (JSON lines, wall-clock times)."""
@@ -247,6 +252,8 @@ def _check_runners(
     )
     for line in board.update(reports):
         log(line)
+    if rescaler is not None:
+        rescaler.note_reports(reports)
     events = [
         {"runner_index": r["runner_index"], "endpoint": r["endpoint"], **e}
         for r in reports
@@ -304,7 +311,7 @@ def _loop(
                 pause.over()
             train_result = algo.train()
             row = metrics.row_from_result(train_result, previous_steps=previous)
-            _check_runners(algo, board, stop, log, options.run_dir / EVENTS_NAME)
+            _check_runners(algo, board, stop, log, options.run_dir / EVENTS_NAME, rescaler)
             row = replace(
                 row,
                 runners_healthy=board.healthy,

@@ -331,6 +331,13 @@ def preflight(
     Leaves Ray connected for the caller (the driver builds the algorithm next);
     the caller owns `ray.shutdown()`.
     """
+    if endpoints.num_env_runners == 0:
+        raise PreflightError(
+            "the endpoints list no game (num_env_runners 0, topology.workers.replicas 0): "
+            "nothing to train on. Scale up first (`pulumi config set --path "
+            "topology.workers.replicas N` + `pulumi up`, or `uerl local --workers N`); a "
+            "training that is already running pauses at 0 and goes on when games return."
+        )
     start = time.monotonic()
     address = ray_address or endpoints.ray.gcs_address
     connect_ray(address, timeout_s=timeout_s, runtime_env=runtime_env)

@@ -1,0 +1,224 @@
+"""Live rescale end to end: games and env runners join and leave a PPO run while it trains.
+
+`uerl local` trains 30 iterations while `uerl local scale` takes it 2 -> 4 -> 1 -> 0 -> 3;
+a checkpoint taken after the last change resumes with 3 runners. The cluster case runs
+`uerl train --endpoints FILE` against `uerl local serve`: the file is what the ConfigMap
+is on the Ray head, re-read between iterations, bad versions of it included.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from local_runs import PROJECT_ROOT, LocalRun, run_local, start
+from proc_tree import StartedProcesses, TreeSampler, survivors
+
+pytestmark = pytest.mark.slow
+
+ITERATIONS = 30
+# Small batches: iterations of about a second, so the 30 span every change.
+FAST = ["--train-batch-size", "500", "--minibatch-size", "100", "--num-epochs", "2"]
+ITER_LINE = re.compile(r"^iter\s+(\d+) .*\| runners (\d+)/(\d+)")
+
+
+@dataclass
+class Console:
+    """A process's output, read as it comes (lines kept in order)."""
+
+    proc: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for(self, pattern: str, *, after: int = 0, timeout_s: float = 180) -> int:
+        """Index of the first line from `after` on that matches `pattern`."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                for i in range(after, len(self.lines)):
+                    if re.search(pattern, self.lines[i]):
+                        return i
+                if self.proc.poll() is not None and not self._reading():
+                    break
+                if not self._changed.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    break
+        raise AssertionError(f"never saw {pattern!r}:\n" + "\n".join(self.lines))
+
+    def _reading(self) -> bool:
+        return self.proc.stdout is not None and not self.proc.stdout.closed
+
+    def iterations_after(self, index: int) -> list[tuple[int, int, int]]:
+        """(iteration, healthy, total) of the progress lines after line `index`."""
+        found = []
+        for line in self.lines[index + 1 :]:
+            if m := ITER_LINE.match(line):
+                found.append((int(m[1]), int(m[2]), int(m[3])))
+        return found
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def scale(run_dir: Path, workers: int) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cli", "local", "scale", str(workers),
+         "--run-dir", str(run_dir), "--timeout", "200"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@dataclass
+class RescaledRun:
+    returncode: int
+    console: Console
+    run_dir: Path
+    pids: set[int]
+    # Index of each change's "rescale: A -> B" line, and B.
+    changes: list[tuple[int, int]]
+
+    @property
+    def events(self) -> list[dict]:
+        path = self.run_dir / "game_events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def rescaled(tmp_path_factory: pytest.TempPathFactory) -> RescaledRun:
+    run_dir = tmp_path_factory.mktemp("rescale")
+    owned = StartedProcesses()
+    proc = start(owned, run_dir, "--workers", "2", "--iterations", str(ITERATIONS), *FAST)
+    console = Console(proc)
+    changes: list[tuple[int, int]] = []
+    try:
+        with TreeSampler(proc.pid) as sampler:
+            at = console.wait_for(r"^iter\s+3 ")
+            for before, workers in [(2, 4), (4, 1), (1, 0), (0, 3)]:
+                scale(run_dir, workers)
+                if workers == 0:
+                    at = console.wait_for("sampling paused until a game joins", after=at)
+                    changes.append((console.wait_for(rf"rescale: {before} -> 0 ", after=0), 0))
+                    time.sleep(3)  # paused a while: no iteration in between
+                    continue
+                at = console.wait_for(rf"^rescale: {before} -> {workers} env runners", after=at)
+                changes.append((at, workers))
+                # Three iterations at the new size before the next change.
+                first = console.iterations_after(at)
+                while len(first) < 3:
+                    console.wait_for(r"^iter ", after=len(console.lines) - 1, timeout_s=120)
+                    first = console.iterations_after(at)
+            proc.wait(timeout=300)
+            console.wait_for(r"^uerl local: finished in", after=at)
+    finally:
+        owned.stop()
+    return RescaledRun(proc.returncode, console, run_dir, sampler.pids - {proc.pid}, changes)
+
+
+def test_the_run_exits_zero_after_all_its_iterations(rescaled: RescaledRun) -> None:
+    assert rescaled.returncode == 0, rescaled.console.text
+    assert rescaled.console.iterations_after(-1)[-1][0] == ITERATIONS
+
+
+def test_each_change_is_one_line_naming_the_games_that_joined_or_left(
+    rescaled: RescaledRun,
+) -> None:
+    lines = [rescaled.console.lines[i] for i, _ in rescaled.changes]
+    assert re.match(r"rescale: 2 -> 4 env runners \(ue-3, ue-4 joined\) in [\d.]+ s$", lines[0])
+    assert re.match(r"rescale: 4 -> 1 env runners \(ue-2, ue-3, ue-4 left\) in", lines[1])
+    assert re.match(r"rescale: 1 -> 0 env runners \(ue-1 left\) in", lines[2])
+    assert re.match(r"rescale: 0 -> 3 env runners \(ue-1, ue-2, ue-3 joined\) in", lines[3])
+
+
+def test_the_progress_line_follows_the_new_size_within_two_iterations(
+    rescaled: RescaledRun,
+) -> None:
+    for index, workers in rescaled.changes:
+        if workers == 0:
+            continue
+        following = rescaled.console.iterations_after(index)[:2]
+        assert (workers, workers) in [(h, t) for _, h, t in following], (
+            rescaled.console.lines[index],
+            following,
+        )
+
+
+def test_sampling_pauses_with_no_game_and_resumes_when_games_return(
+    rescaled: RescaledRun,
+) -> None:
+    text = rescaled.console.text
+    assert "rescale: no game left (0 env runners): sampling paused until a game joins" in text
+    assert re.search(r"rescale: sampling again after [\d.]+ s paused", text)
+
+
+def test_every_game_that_was_present_served_steps(rescaled: RescaledRun) -> None:
+    games = json.loads((rescaled.run_dir / "games.json").read_text())
+    assert sorted(games) == ["ue-1", "ue-2", "ue-3", "ue-4"]
+    assert all(stats["steps"] > 0 for stats in games.values()), games
+
+
+def test_game_events_record_each_change_and_when_new_runners_first_sampled(
+    rescaled: RescaledRun,
+) -> None:
+    changes = [e for e in rescaled.events if e["kind"] == "rescale"]
+    assert [(e["runners_before"], e["runners_after"]) for e in changes] == [
+        (2, 4), (4, 1), (1, 0), (0, 3)
+    ]  # fmt: skip
+    assert [e["joined"] for e in changes] == [[3, 4], [], [], [1, 2, 3]]
+    sampling = [e for e in rescaled.events if e["kind"] == "joined_sampling"]
+    assert sorted(e["slot"] for e in sampling) == [1, 2, 3, 3, 4]
+    for event in sampling:
+        print(
+            f"ue-{event['slot']}: sampling {event['seconds_since_change']:.1f} s after the change"
+        )
+        assert 0 < event["seconds_since_change"] < 120
+
+
+def test_episodes_cut_by_a_removal_are_never_counted(rescaled: RescaledRun) -> None:
+    # Runners removed mid-episode (4 -> 1, 1 -> 0) took episodes with them that their
+    # games never ended: RLlib counts exactly the episodes the games ended, no more.
+    games = json.loads((rescaled.run_dir / "games.json").read_text())
+    ended = sum(stats["episodes_ended"] for stats in games.values())
+    with (rescaled.run_dir / "metrics.csv").open() as fh:
+        counted = int(list(csv.DictReader(fh))[-1]["episodes_total"])
+    assert counted == ended, (counted, ended)
+
+
+def test_nothing_is_left_running(rescaled: RescaledRun) -> None:
+    assert survivors(rescaled.pids) == set()
+
+
+def test_a_checkpoint_taken_after_a_rescale_resumes_with_the_new_size(
+    rescaled: RescaledRun,
+) -> None:
+    resumed: LocalRun = run_local(
+        rescaled.run_dir, "--workers", "3", "--resume", "latest",
+        "--iterations", str(ITERATIONS + 2), *FAST,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.output
+    assert f"resumed from {rescaled.run_dir / 'checkpoints'}" in resumed.output
+    lines = [m for line in resumed.output.splitlines() if (m := ITER_LINE.match(line))]
+    assert [(int(m[1]), int(m[2]), int(m[3])) for m in lines] == [
+        (ITERATIONS + 1, 3, 3), (ITERATIONS + 2, 3, 3)
+    ]  # fmt: skip
