@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -63,6 +64,14 @@ class Console:
                 if not self._changed.wait(timeout=max(0.0, deadline - time.monotonic())):
                     break
         raise AssertionError(f"never saw {pattern!r}:\n" + "\n".join(self.lines))
+
+    def wait_iterations(self, count: int, *, after: int) -> int:
+        """Index of the `count`-th progress line after line `after` (the driver has read the
+        endpoints again by then: it does so before every iteration)."""
+        at = after
+        for _ in range(count):
+            at = self.wait_for(r"^iter ", after=at + 1)
+        return at
 
     def _reading(self) -> bool:
         return self.proc.stdout is not None and not self.proc.stdout.closed
@@ -222,3 +231,118 @@ def test_a_checkpoint_taken_after_a_rescale_resumes_with_the_new_size(
     assert [(int(m[1]), int(m[2]), int(m[3])) for m in lines] == [
         (ITERATIONS + 1, 3, 3), (ITERATIONS + 2, 3, 3)
     ]  # fmt: skip
+
+
+# -- the cluster case: `uerl train --endpoints FILE`, the file the ConfigMap is ------------
+
+
+def cli_env() -> dict[str, str]:
+    # This driver talks to the served cluster only, with its auth mode.
+    return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
+
+
+def publish(path: Path, text: str) -> None:
+    """As the kubelet updates a mounted ConfigMap: the whole file at once."""
+    tmp = path.with_name(".endpoints.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def with_games(text: str, games: int) -> str:
+    return json.dumps(json.loads(text) | {"num_env_runners": games}, indent=2)
+
+
+@dataclass
+class FollowedRun:
+    returncode: int
+    console: Console
+    marks: dict[str, int]
+
+
+@pytest.fixture(scope="module")
+def followed(tmp_path_factory: pytest.TempPathFactory) -> FollowedRun:
+    serve_dir = tmp_path_factory.mktemp("serve")
+    train_dir = tmp_path_factory.mktemp("train")
+    owned = StartedProcesses()
+    marks: dict[str, int] = {}
+    try:
+        serve = owned.popen(
+            [sys.executable, "-m", "training.cli", "local", "serve", "--workers", "1",
+             "--learners", "0", "--run-dir", str(serve_dir)],
+            cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        Console(serve).wait_for("Ctrl-C stops everything")
+        endpoints_file = serve_dir / "endpoints.json"
+        good = endpoints_file.read_text()
+        game_port = json.loads(good)["port"] + 2  # per_worker: game 2's port
+        train = owned.popen(
+            [sys.executable, "-m", "training.cli", "train", "--endpoints", str(endpoints_file),
+             "--run-dir", str(train_dir), "--iterations", "60", "--preflight-timeout", "5",
+             *FAST],
+            cwd=PROJECT_ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        console = Console(train)
+        at = console.wait_for(r"^iter\s+2 ", timeout_s=180)
+        # 1. A broken file: reported once, the last good endpoints stay.
+        publish(endpoints_file, "{half a file")
+        at = marks["invalid"] = console.wait_for("keeping the last good one", after=at)
+        # 2. A second game that never answers: awaited, then given up on.
+        publish(endpoints_file, with_games(good, 2))
+        at = marks["waiting"] = console.wait_for("rescale: waiting for ue-2", after=at)
+        at = marks["gave_up"] = console.wait_for("rescale: gave up on ue-2", after=at)
+        publish(endpoints_file, good)
+        at = console.wait_iterations(2, after=at)
+        # 3. A second game with other spaces: refused at once.
+        other = owned.popen(
+            [sys.executable, "-m", "training.cli", "mock-ue", "--host", "127.0.0.1",
+             "--port", str(game_port), "--env", "Pendulum-v1"],
+            cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        Console(other).wait_for("mock-ue listening on")
+        publish(endpoints_file, with_games(good, 2))
+        at = marks["refused"] = console.wait_for("rescale: ue-2 refused", after=at)
+        other.terminate()
+        other.wait(timeout=30)
+        publish(endpoints_file, good)
+        at = console.wait_iterations(2, after=at)
+        # 4. A real second game and node, as `pulumi up` brings them: it joins.
+        scale(serve_dir, 2)
+        at = marks["joined"] = console.wait_for(r"rescale: 1 -> 2 env runners \(ue-2 joined\)")
+        train.wait(timeout=300)
+        console.wait_for(r"^done in ", after=at)
+    finally:
+        owned.stop()
+    return FollowedRun(train.returncode, console, marks)
+
+
+def test_a_driver_following_an_endpoints_file_trains_to_the_end(followed: FollowedRun) -> None:
+    assert followed.returncode == 0, followed.console.text
+
+
+def test_a_broken_endpoints_file_is_reported_and_the_last_good_one_kept(
+    followed: FollowedRun,
+) -> None:
+    line = followed.console.lines[followed.marks["invalid"]]
+    assert "is not JSON" in line and "keeping the last good one (1 game(s))" in line
+    after = followed.console.iterations_after(followed.marks["invalid"])
+    assert after[0][1:] == (1, 1)
+
+
+def test_a_new_game_that_never_answers_is_given_up_on_and_the_run_goes_on(
+    followed: FollowedRun,
+) -> None:
+    line = followed.console.lines[followed.marks["gave_up"]]
+    assert "after the preflight timeout" in line or "preflight timeout 5 s" in line
+    assert line.endswith("the run goes on without it")
+    assert followed.console.iterations_after(followed.marks["gave_up"])[0][1:] == (1, 1)
+
+
+def test_a_new_game_with_other_spaces_is_refused(followed: FollowedRun) -> None:
+    line = followed.console.lines[followed.marks["refused"]]
+    assert "defines agents" in line and "other spaces than the run's game" in line
+
+
+def test_the_game_that_joins_is_sampled_by_a_second_runner(followed: FollowedRun) -> None:
+    following = followed.console.iterations_after(followed.marks["joined"])[:2]
+    assert (2, 2) in [(h, t) for _, h, t in following], following
