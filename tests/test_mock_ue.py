@@ -141,6 +141,7 @@ def test_process_stops_cleanly_on_sigterm_and_writes_stats(tmp_path: Path) -> No
         "resets": 1,
         "steps": 1,
         "env_steps": 2,
+        "episodes_ended": 0,
     }
 
 
@@ -232,3 +233,23 @@ def test_hand_encoded_replies_parse_as_the_message_built_state(spaces: dict) -> 
             parts[i].append(entry)
     some = [{aid: e[aid] for aid in spaces if i in where[aid]} for i, e in enumerate(everywhere)]
     assert pb.State.FromString(wire.training_state(n, parts)) == _message_state(some, spaces)
+
+
+def test_the_game_counts_the_episodes_it_ended(mock_ue: MockFactory) -> None:
+    # What training may count as finished episodes (tests/test_rescale_e2e.py holds RLlib
+    # to it): an environment whose every agent is done.
+    server = mock_ue("CartPole-v1", num_envs=2)
+    ended = 0
+    with GymClient(server.address, startup_timeout_s=5) as client:
+        client.connect()
+        client.reset({0: 0, 1: 1})
+        for _ in range(60):  # always pushing left ends a CartPole episode in ~10 steps
+            update = pb.StateUpdate()
+            for _ in range(2):
+                update.step.environments.add().updates["agent_0"].discrete_point.value = 0
+            state = client.step(update)
+            ended += sum(
+                all(a.terminated or a.truncated for a in env.agent_states.values())
+                for env in state.training_state.environment_states
+            )
+    assert ended >= 4 and server.stats.episodes_ended == ended

@@ -241,7 +241,7 @@ def test_config_set_path_workers_replicas_4_rescales() -> None:
 @pytest.mark.parametrize(
     ("sets", "path"),
     [
-        (("topology.workers.replicas=0",), "topology.workers.replicas"),
+        (("topology.workers.replicas=-1",), "topology.workers.replicas"),
         (("topology.simulator.port=70000",), "topology.simulator.port"),
         (("topology.name=Not_A_Name",), "topology.name"),
         (("topology.learners.gpus=-1",), "topology.learners.gpus"),

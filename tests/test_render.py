@@ -79,7 +79,7 @@ def test_topology_file_in_yaml_or_json(capsys, tmp_path: Path) -> None:
 
 
 def test_invalid_topology_prints_one_message_naming_the_path_and_exits_2(capsys) -> None:
-    code, out, err = run(capsys, "--stack", "dev", "--set", "topology.workers.replicas=0")
+    code, out, err = run(capsys, "--stack", "dev", "--set", "topology.workers.replicas=-1")
     assert (code, out) == (2, "")
     assert "topology.workers.replicas" in err and "Traceback" not in err
 

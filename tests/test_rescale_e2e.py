@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -212,6 +213,23 @@ def test_episodes_cut_by_a_removal_are_never_counted(rescaled: RescaledRun) -> N
     with (rescaled.run_dir / "metrics.csv").open() as fh:
         counted = int(list(csv.DictReader(fh))[-1]["episodes_total"])
     assert counted == ended, (counted, ended)
+
+
+def test_figures_around_each_change(rescaled: RescaledRun) -> None:
+    """Prints (with -s) what the closing notes quote: per change, the driver's own time
+    for it and the next iteration's time against the run's median."""
+    with (rescaled.run_dir / "metrics.csv").open() as fh:
+        times = {int(r["iteration"]): float(r["time_s"]) for r in csv.DictReader(fh)}
+    median = statistics.median(times.values())
+    changes = [e for e in rescaled.events if e["kind"] == "rescale"]
+    for (index, _), event in zip(rescaled.changes, changes, strict=True):
+        following = rescaled.console.iterations_after(index)
+        assert following, rescaled.console.lines[index]
+        after = times[following[0][0]]
+        print(
+            f"{event['runners_before']} -> {event['runners_after']}: applied in "
+            f"{event['seconds']:.2f} s; next iteration {after:.2f} s (median {median:.2f} s)"
+        )
 
 
 def test_nothing_is_left_running(rescaled: RescaledRun) -> None:

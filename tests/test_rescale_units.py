@@ -153,7 +153,7 @@ def test_an_invalid_file_is_reported_once_and_the_last_good_endpoints_stay(
     path = tmp_path / "endpoints.json"
     path.write_text(endpoints(2).to_json())
     watch = EndpointsWatch(path, endpoints(2))
-    path.write_text(endpoints(2).to_json().replace('"num_env_runners": 2', '"num_env_runners": 0'))
+    path.write_text(endpoints(2).to_json().replace('"num_env_runners": 2', '"num_env_runners": -1'))
     changed, lines = watch.poll()
     assert changed is None and len(lines) == 1
     assert "num_env_runners" in lines[0] and "keeping the last good one (2 game(s))" in lines[0]

@@ -322,7 +322,7 @@ def test_two_stacks_share_a_namespace_and_destroying_one_leaves_the_other(
         (
             "topology.workers.replicas",
             "-1",
-            "topology.workers.replicas: Input should be greater than or equal to 1",
+            "topology.workers.replicas: Input should be greater than or equal to 0",
         ),
         (
             "topology.workers.replicas",

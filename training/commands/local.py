@@ -155,6 +155,14 @@ def _run(args: argparse.Namespace, topology: Topology, work: Work, run_dir: Path
     )
 
 
+def _needs_a_game(topology: Topology) -> None:
+    if topology.workers.replicas == 0:
+        raise ValueError(
+            "topology.workers.replicas is 0: a run needs a game to start (discovery asks "
+            "one); `uerl local scale 0 --run-dir DIR` pauses a running one instead"
+        )
+
+
 def _tls_mode(args: argparse.Namespace, topology: Topology) -> TLSMode | None:
     """`--tls`, else what the topology asks of its games (a Secret there, a CA here)."""
     if args.tls is not None:
@@ -180,6 +188,7 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         topology = _load_topology(args)
+        _needs_a_game(topology)
         options = options_from_args(args, name=f"local-{topology.name}")
         # The session rewrites it on `uerl local scale`; the training follows it.
         options = options.model_copy(update={"endpoints_file": options.run_dir / "endpoints.json"})
@@ -221,6 +230,7 @@ def main_eval(argv: Sequence[str]) -> int:
 
     try:
         topology = _load_topology(args)
+        _needs_a_game(topology)
         checkpoint = resolve_checkpoint(args.checkpoint)
         options = eval_options_from_args(args, checkpoint=checkpoint)
     except (StackConfigError, CheckpointError, ValueError) as exc:
