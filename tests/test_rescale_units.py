@@ -289,3 +289,14 @@ def test_paused_longer_than_the_game_down_limit_the_run_fails(tmp_path: Path) ->
     result = _loop(algo, options, StopRequest(), lines.append, board, None, FakeRescaler([1, 0]))  # type: ignore[arg-type]
     assert algo.trained == [1]
     assert result.failure is not None and "no game joined within 0.5 s" in result.failure
+
+
+def test_a_game_whose_runner_is_starting_is_not_tried_again_unless_that_fails() -> None:
+    clock = Clock()
+    admission = Admission(30.0, clock=clock)
+    admission.want([4])
+    admission.starting(4)
+    clock.now += 100
+    assert admission.due() == []
+    admission.failed(4, "its env runner was not up within 30 s")
+    assert 4 in admission.given_up  # 100 s after it was first wanted

@@ -77,6 +77,10 @@ class Admission:
             )
         return None
 
+    def starting(self, slot: int) -> None:
+        """Its runner is being built: not due again unless that fails (`failed`)."""
+        self.waiting[slot].next_try = float("inf")
+
     def admitted(self, slot: int) -> None:
         self.waiting.pop(slot, None)
 

@@ -50,6 +50,7 @@ class Rescaler:
         self.registry.set_game(game_signature(game))
         self.registry.set_members(self.pool.worker_indices())
         self._changed_at: float | None = None  # wall time the endpoints change was seen
+        self._noticed: float | None = None  # the same, monotonic
         # Runners that joined and have not yet reported a sample: {worker index: slot}.
         self._joined_not_sampling: dict[int, int] = {}
 
@@ -65,6 +66,8 @@ class Rescaler:
         return self.pool.worker_indices()
 
     def between_iterations(self) -> None:
+        """Follow the endpoints: remove the runners of games that left, start runners for
+        games that joined and answer, put in service those that came up since."""
         started = time.monotonic()
         if self.watch is not None:
             changed, lines = self.watch.poll()
@@ -73,19 +76,19 @@ class Rescaler:
             if changed is not None:
                 self.endpoints = changed
                 self._changed_at = time.time()
+                self._noticed = started
                 self.admission.endpoints_changed()
         plan = plan_rescale(self.pool.runners.values(), self.wanted)
         self.admission.want(plan.add_slots)
-        if plan.empty:
-            return
+        self.pool.cancel(set(self.pool.starting_slots()) - set(plan.add_slots))
         before = self.runners
         if plan.remove:
             self.pool.remove(list(plan.remove))
-        joined, failures = self._admit()
-        self.registry.set_members(self.pool.worker_indices())
-        if plan.remove or joined:
-            self.pool.split_train_batch()
-        for failure in failures:
+        failures = self._start_due()
+        joined, failed = self.pool.collect()
+        for runner in joined:
+            self.admission.admitted(runner.slot)
+        for failure in failures + failed:
             line = self.admission.failed(failure.slot, failure.error, refuse=failure.refused)
             if line is not None:
                 self.log(line)
@@ -93,7 +96,11 @@ class Rescaler:
                 kind = "game_refused" if failure.refused else "game_given_up"
                 self._event(kind, slot=failure.slot, message=failure.error)
         if plan.remove or joined:
-            self._report(before, plan.remove, joined, time.monotonic() - started)
+            self.registry.set_members(self.pool.worker_indices())
+            self.pool.split_train_batch()
+            # Joining takes the runners' start-up; it ran beside training since the change.
+            since = self._noticed if joined and self._noticed is not None else started
+            self._report(before, plan.remove, joined, time.monotonic() - since)
         self._joined_not_sampling.update({r.worker_index: r.slot for r in joined})
 
     def note_reports(self, reports: list[dict[str, Any]]) -> None:
@@ -115,21 +122,19 @@ class Rescaler:
 
     # -- internals -------------------------------------------------------------
 
-    def _admit(self) -> tuple[list[Runner], list[JoinFailure]]:
-        due = self.admission.due()
-        if not due:
-            return [], []
+    def _start_due(self) -> list[JoinFailure]:
+        """Probe the games that are due; start a runner for each that answers, as far as
+        Ray nodes have free units of the custom resource."""
         failures: list[JoinFailure] = []
         answering: list[int] = []
-        for slot in due:
+        for slot in self.admission.due():
             problem = self._probe(slot)
             if problem is None:
                 answering.append(slot)
             else:
                 failures.append(problem)
         room = self._free_units() if answering else 0
-        ready, no_room = answering[:room], answering[room:]
-        for slot in no_room:
+        for slot in answering[room:]:
             failures.append(
                 JoinFailure(
                     slot,
@@ -137,10 +142,11 @@ class Rescaler:
                     refused=False,
                 )
             )
-        joined, failed = self.pool.add(ready, ready_timeout_s=self.admission_timeout_s)
-        for runner in joined:
-            self.admission.admitted(runner.slot)
-        return joined, failures + failed
+        starting = answering[:room]
+        self.pool.start(starting, ready_timeout_s=self.admission_timeout_s)
+        for slot in starting:
+            self.admission.starting(slot)
+        return failures
 
     def _probe(self, slot: int) -> JoinFailure | None:
         """Ask a new game for its definition from the driver, where the driver can reach it

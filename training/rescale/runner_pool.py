@@ -1,6 +1,7 @@
 """The algorithm's remote env runners, added and removed with RLlib's EnvRunnerGroup means.
 
-New runners are built as `EnvRunnerGroup.add_workers` builds them (`_make_worker` with
+New runners are built (in the background: training goes on meanwhile) as
+`EnvRunnerGroup.add_workers` builds them (`_make_worker` with
 the group's config reference), but numbered by this pool: `add_workers` numbers them
 `num_actors() + i + 1`, which repeats the index of a live runner after a removal. Each
 runner's game slot goes into the run's `RunnerRegistry` before it starts. A runner is
@@ -21,6 +22,17 @@ STOP_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
+class Starting:
+    """A runner being built (Ray schedules it, its constructor opens its game)."""
+
+    slot: int
+    worker_index: int
+    actor: Any
+    deadline: float  # monotonic
+    timeout_s: float
+
+
+@dataclass(frozen=True)
 class JoinFailure:
     slot: int
     error: str
@@ -37,6 +49,8 @@ class RunnerPool:
             aid: Runner(aid, aid, aid) for aid in self._manager.actor_ids()
         }
         self._next_index = max(self.runners, default=0) + 1
+        # Runners being built: {their readiness call: what they are for}.
+        self.starting: dict[Any, Starting] = {}
 
     @property
     def _manager(self) -> Any:
@@ -45,16 +59,10 @@ class RunnerPool:
     def worker_indices(self) -> list[int]:
         return sorted(r.worker_index for r in self.runners.values())
 
-    def add(
-        self, slots: list[int], *, ready_timeout_s: float
-    ) -> tuple[list[Runner], list[JoinFailure]]:
-        """Start one runner per slot, in parallel; put in service those that came up."""
-        import ray
+    def start(self, slots: list[int], *, ready_timeout_s: float) -> None:
+        """Start one runner per slot; they join (`collect`) once up, while training goes on."""
+        import time
 
-        if not slots:
-            return [], []
-        starting: dict[Any, tuple[int, int, Any]] = {}
-        total = len(self.runners) + len(slots)
         for slot in slots:
             index = self._next_index
             self._next_index += 1
@@ -63,42 +71,75 @@ class RunnerPool:
                 env_creator=self.group._env_creator,
                 validate_env=None,
                 worker_index=index,
-                num_workers=total,
+                num_workers=len(self.runners) + len(self.starting) + 1,
                 config=self.group._remote_config_obj_ref,
             )
-            starting[actor.assert_healthy.remote()] = (slot, index, actor)
-        ready, pending = ray.wait(
-            list(starting), num_returns=len(starting), timeout=ready_timeout_s
-        )
+            ready = actor.assert_healthy.remote()
+            deadline = time.monotonic() + ready_timeout_s
+            self.starting[ready] = Starting(slot, index, actor, deadline, ready_timeout_s)
+
+    def starting_slots(self) -> list[int]:
+        return sorted(s.slot for s in self.starting.values())
+
+    def cancel(self, slots: set[int]) -> None:
+        """Stop runners still starting for games that left meanwhile."""
+        import ray
+
+        for ref, starting in list(self.starting.items()):
+            if starting.slot in slots:
+                del self.starting[ref]
+                ray.kill(starting.actor, no_restart=True)
+
+    def collect(self) -> tuple[list[Runner], list[JoinFailure]]:
+        """Put in service the runners that came up (weights synced first); the ones that
+        failed or outlived their deadline are stopped and reported."""
+        import time
+
+        import ray
+
+        if not self.starting:
+            return [], []
+        refs = list(self.starting)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         joined: list[Runner] = []
         failures: list[JoinFailure] = []
-        for ref in pending:
-            slot, _, actor = starting[ref]
-            ray.kill(actor, no_restart=True)
-            failures.append(
-                JoinFailure(
-                    slot,
-                    f"its env runner was not up within {ready_timeout_s:g} s (no free Ray "
-                    "node with the custom resource, or the game did not answer it)",
-                    refused=False,
-                )
-            )
         for ref in ready:
-            slot, index, actor = starting[ref]
+            starting = self.starting.pop(ref)
             try:
                 ray.get(ref)
             except Exception as exc:  # the constructor failed: its game refused or died
-                ray.kill(actor, no_restart=True)
-                failures.append(JoinFailure(slot, _first_line(exc), refused=_refused(exc)))
+                ray.kill(starting.actor, no_restart=True)
+                failures.append(JoinFailure(starting.slot, _first_line(exc), _refused(exc)))
                 continue
             actor_id = self._manager._next_id
-            self._manager.add_actors([actor])
-            joined.append(Runner(actor_id, index, slot))
+            self._manager.add_actors([starting.actor])
+            joined.append(Runner(actor_id, starting.worker_index, starting.slot))
+        now = time.monotonic()
+        for ref, starting in list(self.starting.items()):
+            if now > starting.deadline:
+                del self.starting[ref]
+                ray.kill(starting.actor, no_restart=True)
+                failures.append(
+                    JoinFailure(
+                        starting.slot,
+                        f"its env runner was not up within {starting.timeout_s:g} s (no free "
+                        "Ray node with the custom resource, or the game did not answer it)",
+                        refused=False,
+                    )
+                )
         if joined:
             self._sync_state([r.actor_id for r in joined])
             for runner in joined:
                 self.runners[runner.actor_id] = runner
         return joined, failures
+
+    def wait_for_starting(self, timeout_s: float) -> None:
+        """Block until a starting runner is up or failed (the driver has nothing else to
+        do while no runner samples), at most `timeout_s`."""
+        import ray
+
+        if self.starting:
+            ray.wait(list(self.starting), num_returns=1, timeout=timeout_s)
 
     def remove(self, runners: list[Runner]) -> None:
         """Take runners out of service and stop them; episodes they had going are dropped
