@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from ray.rllib.utils.metrics import EPISODE_LEN_MEAN, NUM_EPISODES_LIFETIME
 
 from training.mock_ue import TWO_TEAMS, MockUEServer
-from training.rllib.algorithm import AgentTypeMapping, build_ppo_config
+from training.policies.configurations import PolicyMapping
+from training.rllib.algorithm import build_ppo_config
 from training.rllib.env_runner import GameChangedError, UEConnection, UEEnvRunner
 from training.run.discovery import discover
 
@@ -181,7 +182,7 @@ def test_episodes_a_game_fault_cuts_are_dropped_never_counted_as_finished(
 def test_policy_mapping_is_picklable_and_names_unknown_agents() -> None:
     import pickle
 
-    mapping: Any = pickle.loads(pickle.dumps(AgentTypeMapping({"a": "t"})))
+    mapping: Any = pickle.loads(pickle.dumps(PolicyMapping({"a": "t"})))
     assert mapping("a", None) == "t"
     with pytest.raises(KeyError, match="agent 'b' is not in the game's definition"):
         mapping("b", None)

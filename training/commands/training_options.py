@@ -7,9 +7,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training.policies.configurations import (
+    CONFIGURATIONS,
+    PolicyConfiguration,
+    PolicyConfigurationError,
+    check_configuration,
+)
 from training.rllib import hparams as hp
 from training.run import checkpoints
 from training.run.driver import DEFAULT_ITERATIONS, TrainOptions
+
+# The key of the --hparams YAML that chooses the policy configuration.
+POLICIES_KEY = "policies"
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +41,13 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--checkpoint-dir", type=Path, help="checkpoints (default <run-dir>/checkpoints)"
+    )
+    group.add_argument(
+        "--policies",
+        choices=CONFIGURATIONS,
+        help="which policy each agent acts with: by_type (one per Schola agent type, the "
+        "default), shared (one for all agents; their spaces must agree), independent (one "
+        "per agent). Also `policies:` in --hparams YAML; --resume keeps the checkpoint's",
     )
     group.add_argument(
         "--checkpoint-every", type=int, default=5, metavar="K", help="every K iterations (5)"
@@ -93,7 +109,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
 def merged_hparams(args: argparse.Namespace) -> dict[str, Any]:
     layers: list[tuple[str, dict[str, Any]]] = []
     if args.hparams is not None:
-        layers.append((str(args.hparams), hp.load_yaml(args.hparams)))
+        values = hp.load_yaml(args.hparams)
+        values.pop(POLICIES_KEY, None)  # not an algorithm setting: see policies_from_args
+        layers.append((str(args.hparams), values))
     flags = {
         key: getattr(args, flag)
         for flag, key in hp.FLAG_KEYS.items()
@@ -102,6 +120,22 @@ def merged_hparams(args: argparse.Namespace) -> dict[str, Any]:
     layers.append(("flags", flags))
     layers.append(("--hp", dict(hp.parse_assignment(a) for a in args.hp)))
     return hp.merge(args.algo, *layers)
+
+
+def policies_from_args(args: argparse.Namespace) -> PolicyConfiguration | None:
+    """--policies, else `policies:` in the --hparams YAML, else None (the checkpoint's on
+    --resume, by_type otherwise)."""
+    if args.policies is not None:
+        return args.policies
+    if args.hparams is None:
+        return None
+    value = hp.load_yaml(args.hparams).get(POLICIES_KEY)
+    if value is None:
+        return None
+    try:
+        return check_configuration(str(value))
+    except PolicyConfigurationError as exc:
+        raise hp.HyperparameterError(f"{args.hparams}: {exc}") from None
 
 
 def options_from_args(
@@ -121,6 +155,7 @@ def options_from_args(
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
         hparams=merged_hparams(args),
+        policies=policies_from_args(args),
         seed=args.seed,
         preflight_timeout_s=args.preflight_timeout,
         request_timeout_s=args.request_timeout,

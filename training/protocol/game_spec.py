@@ -1,19 +1,26 @@
 """What a game hosts: its environments, agents, spaces and the policy layout.
 
 `GameSpec` is plain data: picklable (returned from Ray tasks) and JSON
-round-trippable (`uerl discover --json`), with the policy layout derived from
-agent types (agents of one type share a policy, as in Schola).
+round-trippable (`uerl discover --json`), with the policy layout derived from its
+policy configuration (`training.policies`): by default agent types (agents of one
+type share a policy, as in Schola).
 `game_spec_from_definition` builds it from a `TrainingDefinition` message.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gymnasium as gym
 
+from training.policies.configurations import DEFAULT as DEFAULT_POLICIES
+from training.policies.configurations import (
+    PolicyConfiguration,
+    check_configuration,
+    policy_mapping,
+)
 from training.protocol.errors import UEProtocolError
 
 JSON_VERSION = 1
@@ -37,14 +44,28 @@ class GameSpec:
     num_envs: int
     agents: dict[str, AgentSpec]
     endpoint: str = ""
+    # Which policy each agent acts with (training.policies); one per agent type by default.
+    policies: PolicyConfiguration = DEFAULT_POLICIES
+
+    def with_policies(self, configuration: str) -> GameSpec:
+        """This game trained with another policy configuration (checked against its agents)."""
+        spec = replace(self, policies=check_configuration(configuration))
+        spec.policy_mapping()  # raises PolicyConfigurationError naming the agents
+        return spec
+
+    def signature(self) -> dict[str, Any]:
+        """What a game instance must match to join a run: its environments and agents, not
+        where it is or how the run maps its agents to policies."""
+        data = self.to_dict()
+        return {k: data[k] for k in ("version", "num_envs", "agents")}
 
     def policy_ids(self) -> list[str]:
-        """One policy per agent type, sorted."""
-        return sorted({spec.policy_id(aid) for aid, spec in self.agents.items()})
+        """The policies of this configuration, sorted."""
+        return sorted(set(self.policy_mapping().values()))
 
     def policy_mapping(self) -> dict[str, str]:
         """Agent id -> policy id."""
-        return {aid: spec.policy_id(aid) for aid, spec in sorted(self.agents.items())}
+        return policy_mapping(self.agents, self.policies)
 
     def policy_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
         """Policy id -> (observation space, action space); agents sharing a policy agree."""
@@ -71,6 +92,7 @@ class GameSpec:
                 }
                 for aid, spec in sorted(self.agents.items())
             },
+            "policy_configuration": self.policies,
             "policies": self.policy_ids(),
             "policy_mapping": self.policy_mapping(),
         }
@@ -92,7 +114,12 @@ class GameSpec:
             )
             for aid, a in data["agents"].items()
         }
-        return cls(num_envs=int(data["num_envs"]), agents=agents, endpoint=data.get("endpoint", ""))
+        return cls(
+            num_envs=int(data["num_envs"]),
+            agents=agents,
+            endpoint=data.get("endpoint", ""),
+            policies=check_configuration(data.get("policy_configuration", DEFAULT_POLICIES)),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> GameSpec:

@@ -22,10 +22,6 @@ Log = Callable[[str], None]
 PROBE_TIMEOUT_S = 2.0
 
 
-def game_signature(game: GameSpec) -> dict[str, Any]:
-    return game.to_dict() | {"endpoint": ""}
-
-
 class Rescaler:
     def __init__(
         self,
@@ -47,7 +43,7 @@ class Rescaler:
         self.registry = RunnerRegistry.of_this_job()
         self.pool = RunnerPool(algo, self.registry)
         self.admission = Admission(admission_timeout_s)
-        self.registry.set_game(game_signature(game))
+        self.registry.set_game(game.signature())
         self.registry.set_members(self.pool.worker_indices())
         self._changed_at: float | None = None  # wall time the endpoints change was seen
         self._noticed: float | None = None  # the same, monotonic
@@ -166,8 +162,7 @@ class Rescaler:
             spec = discover(endpoint, timeout_s=PROBE_TIMEOUT_S, tls=for_games(endpoints.tls))
         except Exception as exc:  # no answer yet: retried with backoff
             return JoinFailure(slot, f"{endpoint} does not answer: {exc}", refused=False)
-        theirs = game_signature(spec) | {"num_envs": 0}
-        if theirs != game_signature(self.game) | {"num_envs": 0}:
+        if spec.signature() | {"num_envs": 0} != self.game.signature() | {"num_envs": 0}:
             return JoinFailure(
                 slot,
                 f"{endpoint} defines agents {sorted(spec.agents)} with other spaces than "

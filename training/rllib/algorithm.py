@@ -9,12 +9,12 @@ everything but PPO's own training settings is carried over.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 
 from infra.endpoints import Endpoints
+from training.policies.configurations import PolicyMapping
 from training.protocol.game_spec import GameSpec
 from training.rllib import hparams as hp
 from training.rllib.env_runner import ENV_CONFIG_KEY, UEConnection, UEEnvRunner
@@ -29,22 +29,6 @@ RUNNER_PROBE_TIMEOUT_S = 10.0
 ENV_LABEL = "uerl-ue-game"
 
 
-@dataclass(frozen=True)
-class AgentTypeMapping:
-    """policy_mapping_fn: agent id -> policy id (its agent type). Picklable, unlike a lambda."""
-
-    mapping: dict[str, str]
-
-    def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
-        try:
-            return self.mapping[str(agent_id)]
-        except KeyError:
-            raise KeyError(
-                f"agent {agent_id!r} is not in the game's definition "
-                f"(known agents: {sorted(self.mapping)})"
-            ) from None
-
-
 def build_ppo_config(
     game: GameSpec,
     connection: UEConnection,
@@ -57,7 +41,8 @@ def build_ppo_config(
     num_epochs: int = 10,
     seed: int | None = None,
 ) -> PPOConfig:
-    """PPO over `num_env_runners` games (one `UEEnvRunner` each), one policy per agent type."""
+    """PPO over `num_env_runners` games (one `UEEnvRunner` each), with the policies of the
+    game spec's policy configuration (one per agent type by default)."""
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
@@ -93,7 +78,7 @@ def build_ppo_config(
         )
         .multi_agent(
             policies=set(game.policy_ids()),
-            policy_mapping_fn=AgentTypeMapping(game.policy_mapping()),
+            policy_mapping_fn=PolicyMapping(game.policy_mapping()),
         )
         .rl_module(
             # Spaces come from discovery, so the driver and learners need no game.

@@ -247,7 +247,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
             tls=connection.tls(),
             client=connection.client,
         )
-        signature = env.game.to_dict() | {"endpoint": ""}
+        signature = env.game.signature()
         if self._game_signature is None and _other_game(signature, self._expected_game):
             env.close()
             # A game that joined a running training must host what discovery found.
@@ -349,7 +349,7 @@ def _other_game(signature: dict[str, Any], expected: dict[str, Any] | None) -> b
     of environments may differ: rollout sizing warns about it)."""
     if expected is None:
         return False
-    return {**signature, "num_envs": 0} != {**expected, "endpoint": "", "num_envs": 0}
+    return {**signature, "num_envs": 0} != {**expected, "num_envs": 0}
 
 
 def _game_fault(exc: BaseException) -> UEError | None:

@@ -17,6 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.endpoints import Endpoints
+from training.policies.configurations import DEFAULT as DEFAULT_POLICIES
+from training.policies.configurations import PolicyConfiguration
 from training.protocol.game_spec import GameSpec
 from training.rescale.endpoints_watch import EndpointsWatch
 from training.rescale.rescaler import Rescaler
@@ -72,6 +74,8 @@ class TrainOptions(BaseModel):
     game_down_limit_s: float = Field(default=300.0, gt=0)
     # Overrides endpoints.ray.gcs_address (e.g. a port-forward or ray://).
     ray_address: str | None = None
+    # Which policy each agent acts with; None: the checkpoint's on --resume, else by_type.
+    policies: PolicyConfiguration | None = None
     # Re-read between iterations: games and env runners follow its num_env_runners
     # (a rescale while training). None: the run keeps the games it started with.
     endpoints_file: Path | None = None
@@ -158,10 +162,10 @@ def _run_training(
         console.capture_worker_output()
         stop.reinstall()
         log(report.summary())
-        game = discover_game(endpoints)
+        game = discover_game(endpoints).with_policies(_policies(options))
         log(
             f"game: {game.num_envs} env(s) per instance, agents {sorted(game.agents)}, "
-            f"policies {game.policy_ids()}"
+            f"policies {game.policy_ids()} ({game.policies})"
         )
         config = build_algo_config(
             endpoints,
@@ -207,6 +211,22 @@ def _run_training(
     result.csv_path, result.png_path = _write_artefacts(options, result.rows)
     result.wall_s = time.monotonic() - started
     return result
+
+
+def _policies(options: TrainOptions) -> PolicyConfiguration:
+    """The run's policy configuration: asked for, else the resumed checkpoint's, else
+    by_type. A resumed run cannot change it: its policies are the checkpoint's modules."""
+    trained: PolicyConfiguration | None = None
+    if options.resume is not None:
+        path = checkpoints.resolve(options.resume, options.checkpoint_dir)
+        game = checkpoints.read_game(path)
+        trained = game.policies if game is not None else DEFAULT_POLICIES
+        if options.policies is not None and options.policies != trained:
+            raise checkpoints.CheckpointError(
+                f"--resume {path}: its policies are {trained}, this run asks "
+                f"--policies {options.policies}; resume without --policies, or start a new run"
+            )
+    return options.policies or trained or DEFAULT_POLICIES
 
 
 class EnvRunnersDidNotStart(RuntimeError):

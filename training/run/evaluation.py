@@ -256,7 +256,11 @@ def _run_eval(
         )
         console.capture_worker_output()
         log(report.summary())
-        game = discover_game(endpoints)
+        trained = checkpoints.read_game(path)
+        # The policies act as they were trained: the checkpoint's configuration.
+        game = discover_game(endpoints).with_policies(
+            trained.policies if trained is not None else "by_type"
+        )
         check_policies(game.policy_ids(), list(modules.keys()), path)
         config = build_algo_config(
             endpoints,

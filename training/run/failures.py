@@ -6,6 +6,7 @@ import traceback
 from pathlib import Path
 
 from infra.endpoints import EndpointsError
+from training.policies.configurations import PolicyConfigurationError
 from training.protocol.errors import UEError
 from training.rllib.hparams import HyperparameterError
 from training.run.checkpoints import CheckpointError
@@ -21,6 +22,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointError,
     HyperparameterError,
     EndpointsError,
+    PolicyConfigurationError,
     UEError,
 )
 MAX_LINES = 8
