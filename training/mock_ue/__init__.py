@@ -1,10 +1,18 @@
 """A mock Schola game: GymService over gymnasium envs, for tests, benchmarks, dev clusters."""
 
-from training.mock_ue.scenarios import SCENARIOS, TWO_TEAMS, AgentSlot, Scenario, scenario_for
+from training.mock_ue.scenarios import (
+    SCENARIOS,
+    SUMO,
+    TWO_TEAMS,
+    AgentSlot,
+    Scenario,
+    scenario_for,
+)
 from training.mock_ue.server import MockStats, MockUEServer
 
 __all__ = [
     "SCENARIOS",
+    "SUMO",
     "TWO_TEAMS",
     "AgentSlot",
     "MockStats",

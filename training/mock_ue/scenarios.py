@@ -4,16 +4,22 @@ A scenario lists agent slots (agent id, agent type, gymnasium id). Every one of 
 game's N environments holds one gymnasium env per slot; an environment is done when
 all its agents are done. Single-agent scenarios are any gymnasium id; the
 multi-agent one mixes two agent types with different spaces (and two agents
-sharing one type, as policy sharing in Schola works by agent type).
+sharing one type, as policy sharing in Schola works by agent type). A joint scenario
+(`SUMO`) is one game whose agents act on each other (`training.mock_ue.joint`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
 
+from training.mock_ue.joint import JointGame, JointSeat
+from training.mock_ue.sumo import PLAYERS, Sumo
+
 TWO_TEAMS = "uerl/TwoTeams-v0"
+SUMO = "uerl/Sumo-v0"
 
 
 @dataclass(frozen=True)
@@ -27,15 +33,29 @@ class AgentSlot:
 class Scenario:
     name: str
     slots: tuple[AgentSlot, ...]
+    # A joint game (agents interact): a factory of one game per environment.
+    joint: Callable[[], JointGame] | None = None
 
     def make(self, slot: AgentSlot) -> gym.Env:
         # The passive checker only warns and costs time per step; the mock is for speed.
         return gym.make(slot.gym_id, disable_env_checker=True)
 
+    def make_environment(self) -> tuple[dict[str, gym.Env], JointSeat | None]:
+        """Every agent's env for one environment, and its joint game's seat if any."""
+        if self.joint is None:
+            return {s.agent_id: self.make(s) for s in self.slots}, None
+        seat = JointSeat(self.joint())
+        return seat.views(), seat
+
 
 SCENARIOS: dict[str, Scenario] = {
     "CartPole-v1": Scenario("CartPole-v1", (AgentSlot("agent_0", "cartpole", "CartPole-v1"),)),
     "Pendulum-v1": Scenario("Pendulum-v1", (AgentSlot("agent_0", "pendulum", "Pendulum-v1"),)),
+    SUMO: Scenario(
+        SUMO,
+        tuple(AgentSlot(aid, "sumo", SUMO) for aid in PLAYERS),
+        joint=Sumo,
+    ),
     TWO_TEAMS: Scenario(
         TWO_TEAMS,
         (

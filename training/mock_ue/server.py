@@ -78,7 +78,10 @@ class _Session:
         self.num_envs = num_envs
         self.autoreset = autoreset
         self.slots = scenario.slots
-        self.envs = {s.agent_id: [scenario.make(s) for _ in range(num_envs)] for s in self.slots}
+        environments = [scenario.make_environment() for _ in range(num_envs)]
+        self.envs = {s.agent_id: [envs[s.agent_id] for envs, _ in environments] for s in self.slots}
+        # Joint games (agents interact): every action of an environment goes in at once.
+        self.seats = [seat for _, seat in environments if seat is not None]
         first = {s.agent_id: self.envs[s.agent_id][0] for s in self.slots}
         self.obs_spaces = {aid: env.observation_space for aid, env in first.items()}
         self.act_spaces = {aid: env.action_space for aid, env in first.items()}
@@ -159,18 +162,28 @@ class _Session:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"environment {restart_idx[0]} is done and autoreset is DISABLED: send a reset",
             )
+        acting_by_agent = {
+            aid: [i for i in range(n) if alive[i] and not restart[i]]
+            for aid, alive in self.alive.items()
+        }
+        actions_by_agent = {
+            aid: self._actions(env_msgs, aid, acting) if acting else []
+            for aid, acting in acting_by_agent.items()
+        }
+        if self.seats:
+            self._submit_joint(acting_by_agent, actions_by_agent)
         # Per agent: the environments it acted in and what they returned.
         results: list[tuple[list[int], list[Any], list[float], list[bool], list[bool]]] = []
         for slot in self.slots:
             aid, alive = slot.agent_id, self.alive[slot.agent_id]
-            acting = [i for i in range(n) if alive[i] and not restart[i]]
+            acting = acting_by_agent[aid]
             obs: list[Any] = []
             rewards: list[float] = []
             terms: list[bool] = []
             truncs: list[bool] = []
             if acting:
                 envs = self.envs[aid]
-                for i, action in zip(acting, self._actions(env_msgs, aid, acting), strict=True):
+                for i, action in zip(acting, actions_by_agent[aid], strict=True):
                     o, r, te, tr, _ = envs[i].step(action)
                     obs.append(o)
                     rewards.append(r)
@@ -197,6 +210,16 @@ class _Session:
             for i in done_idx:
                 self.needs_reset[i] = True
         return reply, n - len(restart_idx)
+
+    def _submit_joint(self, acting: dict[str, list[int]], actions: dict[str, list[Any]]) -> None:
+        """Each joint game steps once with all its agents' actions."""
+        per_environment: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        for aid, indices in acting.items():
+            for i, action in zip(indices, actions[aid], strict=True):
+                per_environment[i][aid] = action
+        for i, seat in enumerate(self.seats):
+            if per_environment[i]:
+                seat.submit(per_environment[i])
 
     def _encode(
         self,
@@ -493,8 +516,9 @@ class MockUEServer:
     def _build_definition(self) -> pb.TrainingDefinition:
         msg = pb.TrainingDefinition()
         env_def = pb.EnvironmentDefinition()
+        envs, _ = self.scenario.make_environment()
         for slot in self.scenario.slots:
-            env = self.scenario.make(slot)
+            env = envs[slot.agent_id]
             agent = env_def.agent_definitions[slot.agent_id]
             codec.space_to_proto(env.observation_space, agent.obs_space)
             codec.space_to_proto(env.action_space, agent.action_space)
