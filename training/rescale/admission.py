@@ -3,7 +3,8 @@
 A game named by the endpoints may not answer yet (its pod is starting, its Ray node
 has not joined). Each slot is tried when due; failures back off (1, 2, 4 ... 10 s),
 and a slot that has not answered within the preflight timeout is given up on until
-the endpoints change again. A game that answers with other spaces is refused at once.
+the endpoints change again (or, see `Rescaler`, the cluster's worker nodes do). A game
+that answers with other spaces is refused at once.
 """
 
 from __future__ import annotations

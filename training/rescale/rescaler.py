@@ -47,6 +47,8 @@ class Rescaler:
         self.registry.set_members(self.pool.worker_indices())
         self._changed_at: float | None = None  # wall time the endpoints change was seen
         self._noticed: float | None = None  # the same, monotonic
+        # The cluster's units of the custom resource, watched while games are given up on.
+        self._units: float | None = None
         # Runners that joined and have not yet reported a sample: {worker index: slot}.
         self._joined_not_sampling: dict[int, int] = {}
 
@@ -74,6 +76,7 @@ class Rescaler:
                 self._changed_at = time.time()
                 self._noticed = started
                 self.admission.endpoints_changed()
+        self._retry_given_up_on_new_nodes()
         plan = plan_rescale(self.pool.runners.values(), self.wanted)
         self.admission.want(plan.add_slots)
         self.pool.cancel(set(self.pool.starting_slots()) - set(plan.add_slots))
@@ -139,7 +142,9 @@ class Rescaler:
                 )
             )
         starting = answering[:room]
-        self.pool.start(starting, ready_timeout_s=self.admission_timeout_s)
+        # Ray places the runner, then its constructor waits for the game like at start.
+        ready_timeout_s = self.admission_timeout_s + self.endpoints.simulator_startup_timeout_s
+        self.pool.start(starting, ready_timeout_s=ready_timeout_s)
         for slot in starting:
             self.admission.starting(slot)
         return failures
@@ -176,6 +181,23 @@ class Rescaler:
 
         rooms = node_rooms(self.endpoints.custom_resource)
         return sum(int(room.custom + 1e-9) for room in rooms)
+
+    def _retry_given_up_on_new_nodes(self) -> None:
+        """Games given up on get another chance when the cluster's units of the custom
+        resource change (a worker node joined or left: a pod that took long came up)."""
+        if not self.admission.given_up:
+            self._units = None
+            return
+        from training.run.preflight import node_rooms
+
+        units = sum(room.custom_total for room in node_rooms(self.endpoints.custom_resource))
+        if self._units is not None and units != self._units:
+            self.log(
+                f"rescale: the cluster now has {units:g} unit(s) of "
+                f"{self.endpoints.custom_resource!r}; trying the games given up on again"
+            )
+            self.admission.endpoints_changed()
+        self._units = units
 
     def _report(
         self, before: int, removed: tuple[Runner, ...], joined: list[Runner], seconds: float
