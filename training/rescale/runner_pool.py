@@ -19,6 +19,8 @@ from training.rescale.plan import Runner
 from training.rllib.runner_registry import RunnerRegistry
 
 STOP_TIMEOUT_S = 5.0
+# How long runners that are up wait for the others started with them before joining.
+JOIN_TOGETHER_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class RunnerPool:
         self._next_index = max(self.runners, default=0) + 1
         # Runners being built: {their readiness call: what they are for}.
         self.starting: dict[Any, Starting] = {}
+        self._first_ready_at: float | None = None
 
     @property
     def _manager(self) -> Any:
@@ -100,7 +103,16 @@ class RunnerPool:
         if not self.starting:
             return [], []
         refs = list(self.starting)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if ready and pending:
+            # Runners started together join together (one change, one line), unless the
+            # others lag behind the first by more than JOIN_TOGETHER_S.
+            now = time.monotonic()
+            self._first_ready_at = self._first_ready_at or now
+            if now - self._first_ready_at < JOIN_TOGETHER_S:
+                ready = []
+        if ready:
+            self._first_ready_at = None
         joined: list[Runner] = []
         failures: list[JoinFailure] = []
         for ref in ready:
