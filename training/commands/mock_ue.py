@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--env",
         default="CartPole-v1",
-        help="CartPole-v1 (default), Pendulum-v1, uerl/TwoTeams-v0 or any gymnasium id",
+        help="CartPole-v1 (default), Pendulum-v1, uerl/TwoTeams-v0, uerl/Sumo-v0 (two players, "
+        "zero-sum) or any gymnasium id",
     )
     parser.add_argument("--stats-file", type=Path, help="write session/step counters here on exit")
     parser.add_argument("--tls-cert", help="serve TLS with this certificate (PEM), with --tls-key")
