@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from training.local import processes
+
 if TYPE_CHECKING:
     from infra.endpoints import Endpoints
     from training.local.games import LocalMockGames
@@ -100,15 +102,7 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid > 0 and bool(processes.alive({pid}))
 
 
 # -- the session side ----------------------------------------------------------

@@ -133,6 +133,12 @@ class GameSpec:
     __hash__ = None  # type: ignore[assignment]  # mutable dicts inside
 
 
+def same_agents(signature: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two games' signatures define the same agents and spaces; the number of
+    environments may differ (rollout sizing warns about it)."""
+    return {**signature, "num_envs": 0} == {**other, "num_envs": 0}
+
+
 def game_spec_from_definition(definition: Any, endpoint: str) -> GameSpec:
     """Build a GameSpec from a `TrainingDefinition`, checking what clients rely on:
     at least one environment, every environment identical to environment 0, and

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.endpoints import Endpoints
-from training.protocol.game_spec import GameSpec
+from training.protocol.game_spec import GameSpec, same_agents
 from training.rescale.admission import Admission
 from training.rescale.endpoints_watch import EndpointsWatch
 from training.rescale.plan import Runner, game_name, plan_rescale
@@ -167,7 +167,7 @@ class Rescaler:
             spec = discover(endpoint, timeout_s=PROBE_TIMEOUT_S, tls=for_games(endpoints.tls))
         except Exception as exc:  # no answer yet: retried with backoff
             return JoinFailure(slot, f"{endpoint} does not answer: {exc}", refused=False)
-        if spec.signature() | {"num_envs": 0} != self.game.signature() | {"num_envs": 0}:
+        if not same_agents(spec.signature(), self.game.signature()):
             return JoinFailure(
                 slot,
                 f"{endpoint} defines agents {sorted(spec.agents)} with other spaces than "

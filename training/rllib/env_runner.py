@@ -30,6 +30,7 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED
 
 from infra.endpoints import worker_endpoint
 from training.protocol.errors import UEError, UEProtocolError
+from training.protocol.game_spec import same_agents
 from training.rllib.game_health import GameHealth
 from training.rllib.runner_registry import RunnerRegistry
 from training.rllib.shared_health import SharedGameHealth
@@ -345,11 +346,8 @@ def _registry() -> RunnerRegistry | None:
 
 
 def _other_game(signature: dict[str, Any], expected: dict[str, Any] | None) -> bool:
-    """Whether a game's definition differs from the run's in agents or spaces (the number
-    of environments may differ: rollout sizing warns about it)."""
-    if expected is None:
-        return False
-    return {**signature, "num_envs": 0} != {**expected, "num_envs": 0}
+    """Whether a game's definition differs from the run's in agents or spaces."""
+    return expected is not None and not same_agents(signature, expected)
 
 
 def _game_fault(exc: BaseException) -> UEError | None:
