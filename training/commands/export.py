@@ -34,6 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", action="append", metavar="ID", help="only this policy (repeatable)"
     )
     parser.add_argument(
+        "--snapshot",
+        action="append",
+        type=int,
+        metavar="N",
+        help="self-play checkpoints: also export snapshot N of the learner (repeatable)",
+    )
+    parser.add_argument(
         "--samples",
         type=int,
         default=512,
@@ -55,7 +62,9 @@ def main(argv: Sequence[str]) -> int:
         return 2
     out = args.out or checkpoint / "onnx"
     try:
-        exported = export_checkpoint(checkpoint, out, policies=args.policy, samples=args.samples)
+        exported = export_checkpoint(
+            checkpoint, out, policies=args.policy, snapshots=args.snapshot, samples=args.samples
+        )
     except (ExportError, CheckpointError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1

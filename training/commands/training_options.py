@@ -13,6 +13,7 @@ from training.policies.configurations import (
     PolicyConfigurationError,
     check_configuration,
 )
+from training.policies.self_play import SelfPlaySettings
 from training.rllib import hparams as hp
 from training.run import checkpoints
 from training.run.driver import DEFAULT_ITERATIONS, TrainOptions
@@ -47,7 +48,24 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         choices=CONFIGURATIONS,
         help="which policy each agent acts with: by_type (one per Schola agent type, the "
         "default), shared (one for all agents; their spaces must agree), independent (one "
-        "per agent). Also `policies:` in --hparams YAML; --resume keeps the checkpoint's",
+        "per agent), self_play (a learning policy against frozen snapshots of itself, rated "
+        "with Elo). Also `policies:` in --hparams YAML; --resume keeps the checkpoint's",
+    )
+    league = parser.add_argument_group("self-play (--policies self_play)")
+    league.add_argument(
+        "--snapshot-every",
+        type=int,
+        metavar="K",
+        help="snapshot the learner every K iterations (5)",
+    )
+    league.add_argument(
+        "--window", type=int, metavar="W", help="opponents come from the last W snapshots (5)"
+    )
+    league.add_argument(
+        "--p-current",
+        type=float,
+        metavar="P",
+        help="chance an opponent is the current learner instead of a snapshot (0.2)",
     )
     group.add_argument(
         "--checkpoint-every", type=int, default=5, metavar="K", help="every K iterations (5)"
@@ -156,6 +174,17 @@ def options_from_args(
         resume=args.resume,
         hparams=merged_hparams(args),
         policies=policies_from_args(args),
+        self_play=SelfPlaySettings(
+            **{
+                key: value
+                for key, value in (
+                    ("snapshot_every", args.snapshot_every),
+                    ("window", args.window),
+                    ("p_current", args.p_current),
+                )
+                if value is not None
+            }
+        ),
         seed=args.seed,
         preflight_timeout_s=args.preflight_timeout,
         request_timeout_s=args.request_timeout,

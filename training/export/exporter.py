@@ -21,6 +21,7 @@ from training.export.onnx_policy import (
     export_policy,
     verify_policy,
 )
+from training.policies.self_play import LEARNER, League
 from training.run import checkpoints
 
 
@@ -122,17 +123,35 @@ def export_modules(
     return exported
 
 
+def _snapshot_slots(league: League, numbers: list[int], path: Path) -> list[str]:
+    slots = []
+    for number in numbers:
+        slot = league.slot_of(number)
+        if slot is None:
+            held = sorted(snap.number for snap in league.slots.values())
+            raise ExportError(f"--snapshot {number}: not in {path} (snapshots held: {held})")
+        slots.append(slot)
+    return slots
+
+
 def export_checkpoint(
     checkpoint: Path,
     out_dir: Path,
     *,
     policies: list[str] | None = None,
+    snapshots: list[int] | None = None,
     samples: int = 512,
 ) -> list[ExportedPolicy]:
     path = checkpoints.resolve_checkpoint(checkpoint)
     meta = checkpoints.read_meta(path)
     modules = checkpoints.load_modules(path)
     interfaces = interfaces_for(path, modules)
+    league = checkpoints.read_league(path)
+    if league is not None:
+        # Self-play: the learning policy, and the snapshots asked for by number.
+        policies = [*(policies or [LEARNER]), *_snapshot_slots(league, snapshots or [], path)]
+    elif snapshots:
+        raise ExportError(f"--snapshot: {path} was not trained with --policies self_play")
     if policies:
         unknown = sorted(set(policies) - set(interfaces))
         if unknown:

@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from training.policies.self_play import LEARNER
+
 if TYPE_CHECKING:
     from training.protocol.game_spec import AgentSpec
 
-PolicyConfiguration = Literal["by_type", "shared", "independent"]
+PolicyConfiguration = Literal["by_type", "shared", "independent", "self_play"]
 CONFIGURATIONS: tuple[str, ...] = get_args(PolicyConfiguration)
 DEFAULT: PolicyConfiguration = "by_type"
 # The one policy of `shared`.
@@ -32,16 +34,26 @@ def policy_mapping(
     """Agent id -> policy id, agents sorted.
 
     by_type: one policy per Schola agent type (an agent without a type gets its own);
-    shared: one policy for every agent; independent: one policy per agent id."""
+    shared: one policy for every agent; independent: one policy per agent id; self_play:
+    every agent plays the learning policy (the one exported and evaluated; during
+    training opponents also play its snapshots, see `training.policies.self_play`)."""
     if configuration == "shared":
-        _check_one_space(agents)
+        _check_one_space(agents, configuration)
         return {aid: SHARED_POLICY_ID for aid in sorted(agents)}
+    if configuration == "self_play":
+        _check_one_space(agents, configuration)
+        if len(agents) < 2:
+            raise PolicyConfigurationError(
+                f"--policies self_play needs at least two agents to play each other; the "
+                f"game has {sorted(agents)}"
+            )
+        return {aid: LEARNER for aid in sorted(agents)}
     if configuration == "independent":
         return {aid: aid for aid in sorted(agents)}
     return {aid: spec.policy_id(aid) for aid, spec in sorted(agents.items())}
 
 
-def _check_one_space(agents: Mapping[str, AgentSpec]) -> None:
+def _check_one_space(agents: Mapping[str, AgentSpec], configuration: str) -> None:
     from training.protocol.spaces import space_to_json
 
     groups: dict[str, list[str]] = {}
@@ -53,7 +65,8 @@ def _check_one_space(agents: Mapping[str, AgentSpec]) -> None:
     if len(groups) > 1:
         parts = "; ".join(f"{', '.join(ids)} {described[key]}" for key, ids in groups.items())
         raise PolicyConfigurationError(
-            f"--policies shared needs one observation and one action space for every agent, "
+            f"--policies {configuration} needs one observation and one action space for every "
+            "agent, "
             f"but the game's agents differ: {parts}. Use --policies by_type or independent."
         )
 

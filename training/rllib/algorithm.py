@@ -15,6 +15,8 @@ import gymnasium as gym
 
 from infra.endpoints import Endpoints
 from training.policies.configurations import PolicyMapping
+from training.policies.outcomes import SelfPlayOutcomes
+from training.policies.self_play import LEARNER, SelfPlayMapping, SelfPlaySettings
 from training.protocol.game_spec import GameSpec
 from training.rllib import hparams as hp
 from training.rllib.env_runner import ENV_CONFIG_KEY, UEConnection, UEEnvRunner
@@ -40,6 +42,7 @@ def build_ppo_config(
     minibatch_size: int = 128,
     num_epochs: int = 10,
     seed: int | None = None,
+    self_play: SelfPlaySettings | None = None,
 ) -> PPOConfig:
     """PPO over `num_env_runners` games (one `UEEnvRunner` each), with the policies of the
     game spec's policy configuration (one per agent type by default)."""
@@ -48,6 +51,16 @@ def build_ppo_config(
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
     policy_spaces = game.policy_spaces()
+    policies: Any = set(game.policy_ids())
+    mapping: Any = PolicyMapping(game.policy_mapping())
+    if game.policies == "self_play":
+        # The learner and a ring of frozen snapshots, all alike; opponents come from the
+        # window once the driver has taken the first snapshot.
+        settings = self_play or SelfPlaySettings()
+        spaces = policy_spaces[LEARNER]
+        policy_spaces = {module_id: spaces for module_id in settings.module_ids()}
+        policies = set(policy_spaces)
+        mapping = SelfPlayMapping(tuple(sorted(game.agents)), (), settings.p_current)
     config = (
         PPOConfig()
         .api_stack(
@@ -77,8 +90,10 @@ def build_ppo_config(
             custom_resources_per_env_runner=({custom_resource: 1} if custom_resource else {}),
         )
         .multi_agent(
-            policies=set(game.policy_ids()),
-            policy_mapping_fn=PolicyMapping(game.policy_mapping()),
+            policies=policies,
+            policy_mapping_fn=mapping,
+            # Snapshots are frozen: only the learner trains under self-play.
+            policies_to_train=[LEARNER] if game.policies == "self_play" else None,
         )
         .rl_module(
             # Spaces come from discovery, so the driver and learners need no game.
@@ -96,6 +111,8 @@ def build_ppo_config(
             num_epochs=num_epochs,
         )
     )
+    if game.policies == "self_play":
+        config = config.callbacks(SelfPlayOutcomes)
     if seed is not None:
         config = config.debugging(seed=seed)
     return config
@@ -146,6 +163,7 @@ def build_algo_config(
     request_timeout_s: float = 60.0,
     fault_wait_s: float = 2.0,
     give_up_after_s: float = 300.0,
+    self_play: SelfPlaySettings | None = None,
 ) -> Any:
     """The AlgorithmConfig (PPO, APPO or IMPALA) to `build_algo()`."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
@@ -165,6 +183,7 @@ def build_algo_config(
         custom_resource=endpoints.custom_resource,
         num_learners=endpoints.num_learners,
         seed=seed,
+        self_play=self_play,
     )
     config = _switch_algo(config, algo)
     config = (

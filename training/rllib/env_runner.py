@@ -29,6 +29,7 @@ from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED
 
 from infra.endpoints import worker_endpoint
+from training.policies.self_play import SelfPlayMapping
 from training.protocol.errors import UEError, UEProtocolError
 from training.protocol.game_spec import same_agents
 from training.rllib.game_health import GameHealth
@@ -148,7 +149,16 @@ class UEEnvRunner(MultiAgentEnvRunner):
             if registry is not None:
                 self._expected_game = registry.game()
                 self._fragment_length = registry.fragment_length(index)
+                opponents = registry.opponents()
+                if opponents is not None:
+                    self.follow_opponents(opponents)
         return self._slot
+
+    def follow_opponents(self, module_ids: list[str]) -> None:
+        """Self-play: the snapshots new episodes draw opponents from."""
+        mapping = self.config.policy_mapping_fn
+        if isinstance(mapping, SelfPlayMapping):
+            mapping.opponents = tuple(module_ids)
 
     def follow_fragment_lengths(self, lengths: dict[int, int]) -> None:
         """The driver's new split of the train batch after a rescale."""

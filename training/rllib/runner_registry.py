@@ -74,6 +74,16 @@ class RunnerRegistry:
         length = value.get(str(worker_index))
         return None if length is None else int(length)
 
+    # -- self-play opponents ---------------------------------------------------
+
+    def set_opponents(self, module_ids: list[str]) -> None:
+        """The snapshots opponents are drawn from (training.policies.self_play)."""
+        self._put("opponents", list(module_ids))
+
+    def opponents(self) -> list[str] | None:
+        value = self._get("opponents")
+        return None if value is None else [str(m) for m in value]
+
     # -- the game every runner must find ---------------------------------------
 
     def set_game(self, signature: dict[str, Any]) -> None:

@@ -2,8 +2,9 @@
 
 Each checkpoint also holds `uerl.json` (iteration, env steps, algorithm, how actions
 reach the game) so `--resume` can say what it continues from and refuse a different
-algorithm, and `game.json` (the game's agents and named spaces) so `uerl eval` and
-`uerl export` know the game a policy was trained for.
+algorithm, `game.json` (the game's agents and named spaces) so `uerl eval` and
+`uerl export` know the game a policy was trained for, and under self-play
+`league.json` (snapshots and ratings) so `--resume` continues the league.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from training.policies.self_play import League
     from training.protocol.game_spec import GameSpec
 
 LATEST = "latest"
 META = "uerl.json"
 GAME = "game.json"
+LEAGUE = "league.json"
 # Where RLlib keeps the trained modules inside an algorithm checkpoint.
 MODULES_SUBDIR = Path("learner_group") / "learner" / "rl_module"
 
@@ -40,13 +43,22 @@ class CheckpointMeta:
     clip_actions: bool = False
 
 
-def save(algo: Any, directory: Path, meta: CheckpointMeta, *, game: GameSpec | None = None) -> Path:
+def save(
+    algo: Any,
+    directory: Path,
+    meta: CheckpointMeta,
+    *,
+    game: GameSpec | None = None,
+    league: League | None = None,
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"checkpoint_{meta.iteration:06d}"
     algo.save_to_path(str(path.resolve()))
     (path / META).write_text(json.dumps(asdict(meta)))
     if game is not None:
         (path / GAME).write_text(game.to_json())
+    if league is not None:
+        (path / LEAGUE).write_text(league.to_json())
     # Write-then-rename: a crash never leaves `latest` naming half a checkpoint.
     tmp = directory / f".{LATEST}.tmp"
     tmp.write_text(path.name)
@@ -94,6 +106,19 @@ def read_game(path: Path) -> GameSpec | None:
         return GameSpec.from_json(file.read_text())
     except (OSError, ValueError, KeyError) as exc:
         raise CheckpointError(f"{file} is not a game definition: {exc}") from None
+
+
+def read_league(path: Path) -> League | None:
+    """A self-play checkpoint's league (snapshots, ratings), or None."""
+    from training.policies.self_play import League
+
+    file = path / LEAGUE
+    if not file.is_file():
+        return None
+    try:
+        return League.from_json(file.read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{file} is not a self-play league: {exc}") from None
 
 
 def load_modules(path: Path) -> Any:

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.endpoints import Endpoints
 from training.policies.configurations import DEFAULT as DEFAULT_POLICIES
 from training.policies.configurations import PolicyConfiguration
+from training.policies.league_driver import LeagueDriver
+from training.policies.self_play import League, SelfPlaySettings
 from training.protocol.game_spec import GameSpec
 from training.rescale.endpoints_watch import EndpointsWatch
 from training.rescale.rescaler import Rescaler
@@ -76,6 +78,8 @@ class TrainOptions(BaseModel):
     ray_address: str | None = None
     # Which policy each agent acts with; None: the checkpoint's on --resume, else by_type.
     policies: PolicyConfiguration | None = None
+    # --policies self_play: snapshots every K iterations, window W, chance P of the current.
+    self_play: SelfPlaySettings = Field(default_factory=SelfPlaySettings)
     # Re-read between iterations: games and env runners follow its num_env_runners
     # (a rescale while training). None: the run keeps the games it started with.
     endpoints_file: Path | None = None
@@ -176,6 +180,7 @@ def _run_training(
             request_timeout_s=options.request_timeout_s,
             fault_wait_s=options.fault_wait_s,
             give_up_after_s=options.game_down_limit_s,
+            self_play=_league_settings(options),
         )
         log(
             f"building {options.algo}: {endpoints.num_env_runners} env runner(s) "
@@ -227,6 +232,17 @@ def _policies(options: TrainOptions) -> PolicyConfiguration:
                 f"--policies {options.policies}; resume without --policies, or start a new run"
             )
     return options.policies or trained or DEFAULT_POLICIES
+
+
+def _league_settings(options: TrainOptions) -> SelfPlaySettings:
+    """A resumed league keeps its settings (its snapshot modules are the checkpoint's)."""
+    if options.resume is not None:
+        league = checkpoints.read_league(
+            checkpoints.resolve(options.resume, options.checkpoint_dir)
+        )
+        if league is not None:
+            return league.settings
+    return options.self_play
 
 
 class EnvRunnersDidNotStart(RuntimeError):
@@ -317,6 +333,15 @@ def _loop(
         previous = 0
     last_saved = rows[-1].iteration if rows else -1
     result.rows = rows
+    league: LeagueDriver | None = None
+    if game is not None and game.policies == "self_play":
+        resumed = (
+            checkpoints.read_league(checkpoints.resolve(options.resume, options.checkpoint_dir))
+            if options.resume is not None
+            else None
+        )
+        league = LeagueDriver(algo, resumed or League(options.self_play), log)
+        league.start(rows[-1].iteration if rows else 0)
     stop.graceful = True
     tensorboard = TensorBoardWriter(options.run_dir)
     pause = _Pause(options.game_down_limit_s, log)
@@ -338,17 +363,19 @@ def _loop(
                 runners_total=board.total,
                 runners_unknown=board.unknown,
             )
+            if league is not None:
+                row = replace(row, elo=league.after_iteration(row.iteration, train_result))
             previous = row.env_steps_total
             rows.append(row)
             log(metrics.progress_line(row))
             tensorboard.write(row, train_result, board.fresh_reports())
             if row.iteration % options.checkpoint_every == 0:
-                result.checkpoint = _save(algo, options, row, game)
+                result.checkpoint = _save(algo, options, row, game, league)
                 last_saved = row.iteration
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
         if rows and rows[-1].iteration != last_saved:
-            result.checkpoint = _save(algo, options, rows[-1], game)
+            result.checkpoint = _save(algo, options, rows[-1], game, league)
         elif rows and result.checkpoint is None:
             result.checkpoint = checkpoints.resolve(checkpoints.LATEST, options.checkpoint_dir)
     finally:
@@ -391,7 +418,11 @@ class _Pause:
 
 
 def _save(
-    algo: Any, options: TrainOptions, row: metrics.IterationRow, game: GameSpec | None
+    algo: Any,
+    options: TrainOptions,
+    row: metrics.IterationRow,
+    game: GameSpec | None,
+    league: LeagueDriver | None = None,
 ) -> Path:
     meta = checkpoints.CheckpointMeta(
         row.iteration,
@@ -400,7 +431,9 @@ def _save(
         normalize_actions=bool(algo.config.normalize_actions),
         clip_actions=bool(algo.config.clip_actions),
     )
-    return checkpoints.save(algo, options.checkpoint_dir, meta, game=game)
+    return checkpoints.save(
+        algo, options.checkpoint_dir, meta, game=game, league=league.league if league else None
+    )
 
 
 def _write_artefacts(

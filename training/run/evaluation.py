@@ -261,7 +261,9 @@ def _run_eval(
         game = discover_game(endpoints).with_policies(
             trained.policies if trained is not None else "by_type"
         )
-        check_policies(game.policy_ids(), list(modules.keys()), path)
+        league = checkpoints.read_league(path)
+        expected = league.settings.module_ids() if league is not None else game.policy_ids()
+        check_policies(expected, list(modules.keys()), path)
         config = build_algo_config(
             endpoints,
             game,
@@ -269,6 +271,7 @@ def _run_eval(
             seed=options.seed,
             request_timeout_s=options.request_timeout_s,
             fault_wait_s=options.fault_wait_s,
+            self_play=league.settings if league is not None else None,
         )
         # Same action handling as the run that trained the policy.
         config = config.environment(

@@ -24,6 +24,8 @@ class IterationRow:
     runners_healthy: int = 0
     runners_total: int = 0
     runners_unknown: int = 0
+    # Self-play: the learning policy's Elo rating after this iteration (NaN otherwise).
+    elo: float = math.nan
 
 
 COLUMNS = [f.name for f in fields(IterationRow)]
@@ -68,10 +70,11 @@ def progress_line(row: IterationRow) -> str:
     runners = f" | runners {row.runners_healthy}/{row.runners_total}" if row.runners_total else ""
     if row.runners_unknown:
         runners += f", {row.runners_unknown} unknown"
+    elo = "" if math.isnan(row.elo) else f" | elo {row.elo:6.0f}"
     return (
         f"iter {row.iteration:4d} | env steps {row.env_steps_total:>9,} | "
         f"{row.env_steps_per_s:8,.0f} steps/s | return mean {ret} | "
-        f"learner {learn} steps/s | {row.time_s:5.1f}s{runners}"
+        f"learner {learn} steps/s | {row.time_s:5.1f}s{runners}{elo}"
     )
 
 

@@ -56,6 +56,7 @@ def scalars_for(
         "uerl/learner_steps_per_s": row.learner_steps_per_s,
         "uerl/episodes_total": float(row.episodes_total),
         "uerl/iteration_time_s": row.time_s,
+        "uerl/elo": row.elo,
     }
     if row.runners_total:
         out["uerl/runners_healthy"] = float(row.runners_healthy)
