@@ -11,6 +11,12 @@ from training.run.evaluation import REPORT_NAME, EvalOptions
 def add_eval_args(parser: argparse.ArgumentParser, *, checkpoint_required: bool = True) -> None:
     group = parser.add_argument_group("evaluation")
     group.add_argument(
+        "--opponent",
+        metavar="WHO",
+        help="self-play checkpoints: the learner plays random, snapshot:N or the learner of "
+        "another checkpoint (a path); the report counts its wins",
+    )
+    group.add_argument(
         "--checkpoint",
         type=Path,
         required=checkpoint_required,
@@ -71,4 +77,5 @@ def eval_options_from_args(
         ray_address=ray_address,
         seed=args.seed,
         verbose=args.verbose,
+        opponent=args.opponent,
     )

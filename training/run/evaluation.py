@@ -32,6 +32,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.endpoints import Endpoints
+from training.policies.opponents import (
+    OPPONENT,
+    learner_outcomes,
+    resolve_opponent,
+    with_opponent,
+)
+from training.policies.self_play import Outcomes
 from training.run import checkpoints
 from training.run.console import RayConsole
 
@@ -62,6 +69,8 @@ class EvalOptions(BaseModel):
     seed: int | None = None
     # Ray's and RLlib's own output on the console too, as Ray prints it (--verbose).
     verbose: bool = False
+    # Self-play checkpoints: whom the learner plays (random, snapshot:N, a checkpoint).
+    opponent: str | None = None
 
     @property
     def ray_log(self) -> Path:
@@ -92,6 +101,9 @@ class EvalReport(BaseModel):
     games: list[str]
     wall_s: float
     policies: dict[str, PolicyStats]
+    # With --opponent: whom the learner played, and its results.
+    opponent: str | None = None
+    learner_results: dict[str, float] | None = None
 
     def table(self) -> str:
         head = (
@@ -109,6 +121,12 @@ class EvalReport(BaseModel):
             lines.append(
                 f"  {pid:<12} {s.episodes:>8} {s.return_mean:>12.2f} {s.return_std:>9.2f} "
                 f"{s.return_min:>9.2f} {s.return_max:>9.2f} {s.episode_len_mean:>9.1f}"
+            )
+        if self.opponent is not None and self.learner_results is not None:
+            r = self.learner_results
+            lines.append(
+                f"  learner vs {self.opponent}: {r['wins']:.0f} won, {r['draws']:.0f} drawn, "
+                f"{r['losses']:.0f} lost (win rate {r['win_rate']:.2f})"
             )
         return "\n".join(lines)
 
@@ -264,6 +282,11 @@ def _run_eval(
         league = checkpoints.read_league(path)
         expected = league.settings.module_ids() if league is not None else game.policy_ids()
         check_policies(expected, list(modules.keys()), path)
+        opponent = (
+            resolve_opponent(options.opponent, league, path)
+            if options.opponent is not None
+            else None
+        )
         config = build_algo_config(
             endpoints,
             game,
@@ -273,6 +296,8 @@ def _run_eval(
             fault_wait_s=options.fault_wait_s,
             self_play=league.settings if league is not None else None,
         )
+        if opponent is not None:
+            config = with_opponent(config, sorted(game.agents), opponent)
         # Same action handling as the run that trained the policy.
         config = config.environment(
             normalize_actions=meta.normalize_actions, clip_actions=meta.clip_actions
@@ -283,6 +308,8 @@ def _run_eval(
         try:
             group = algo.env_runner_group
             weights = modules.get_state(inference_only=True)
+            if opponent is not None and opponent.state is not None:
+                weights[OPPONENT] = opponent.state
             _push_weights(group, weights)
 
             def one_round(per_runner: int) -> list[dict[str, Any]]:
@@ -316,10 +343,25 @@ def _run_eval(
         games=sorted(games),
         wall_s=time.monotonic() - started,
         policies={pid: policy_stats(pairs) for pid, pairs in sorted(per_policy.items())},
+        opponent=opponent.label if opponent is not None else None,
+        learner_results=(
+            _results(learner_outcomes(summaries, opponent.module_id))
+            if opponent is not None
+            else None
+        ),
     )
     options.report_path.parent.mkdir(parents=True, exist_ok=True)
     options.report_path.write_text(json.dumps(result.model_dump(), indent=2) + "\n")
     return result
+
+
+def _results(outcomes: Outcomes) -> dict[str, float]:
+    return {
+        "wins": outcomes.wins,
+        "draws": outcomes.draws,
+        "losses": outcomes.losses,
+        "win_rate": outcomes.wins / outcomes.games if outcomes.games else math.nan,
+    }
 
 
 def _set_state_from_ref(runner: Any, *, state: Any) -> dict[str, str]:

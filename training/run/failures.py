@@ -7,6 +7,7 @@ from pathlib import Path
 
 from infra.endpoints import EndpointsError
 from training.policies.configurations import PolicyConfigurationError
+from training.policies.opponents import OpponentError
 from training.protocol.errors import UEError
 from training.rllib.hparams import HyperparameterError
 from training.run.checkpoints import CheckpointError
@@ -23,6 +24,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     HyperparameterError,
     EndpointsError,
     PolicyConfigurationError,
+    OpponentError,
     UEError,
 )
 MAX_LINES = 8
