@@ -1,0 +1,96 @@
+"""Self-play on the two-player Sumo game, through `uerl local` and the Schola protocol:
+the learner beats a random player and its own first snapshot, its Elo rises, and the
+league (snapshots, ratings) is kept by the checkpoint, evaluated and exported."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+from local_runs import PROJECT_ROOT, LocalRun, run_local
+
+pytestmark = pytest.mark.slow
+
+ITERATIONS = 30
+GAME = ["--env", "uerl/Sumo-v0", "--envs", "8", "--learners", "0"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+    return run_local(
+        tmp_path_factory.mktemp("self-play"),
+        *GAME, "--workers", "2", "--policies", "self_play", "--iterations", str(ITERATIONS),
+        "--snapshot-every", "5", "--window", "8", "--p-current", "0.2",
+        "--train-batch-size", "2000", "--minibatch-size", "250", "--seed", "1",
+        timeout_s=900,
+    )  # fmt: skip
+
+
+def evaluate(trained: LocalRun, opponent: str) -> dict:
+    report = trained.run_dir / f"eval-{opponent.replace(':', '-')}.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cli", "local", "eval", *GAME, "--workers", "2",
+         "--checkpoint", str(trained.checkpoints), "--opponent", opponent,
+         "--episodes", "100", "--output", str(report)],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(report.read_text())
+
+
+def elo_by_iteration(trained: LocalRun) -> list[float]:
+    with (trained.run_dir / "metrics.csv").open() as fh:
+        return [float(row["elo"]) for row in csv.DictReader(fh)]
+
+
+def test_self_play_trains_to_the_end(trained: LocalRun) -> None:
+    print(trained.output)
+    assert trained.returncode == 0, trained.output
+    assert "policies ['learner'] (self_play)" in trained.output
+
+
+def test_a_snapshot_is_taken_every_k_iterations(trained: LocalRun) -> None:
+    lines = [line for line in trained.output.splitlines() if line.startswith("self-play: snapshot")]
+    assert [line.split(" at iteration ")[1].split()[0] for line in lines] == [
+        "0", "5", "10", "15", "20", "25", "30"
+    ]  # fmt: skip
+
+
+def test_the_elo_rating_rises(trained: LocalRun) -> None:
+    elo = elo_by_iteration(trained)
+    assert "| elo " in trained.output
+    assert elo[-1] > elo[0] + 100, elo
+
+
+def test_the_league_is_kept_with_the_checkpoint(trained: LocalRun) -> None:
+    league = json.loads(
+        (trained.checkpoints / f"checkpoint_{ITERATIONS:06d}" / "league.json").read_text()
+    )
+    assert league["taken"] == 7 and len(league["slots"]) == 7  # a window of 8
+    assert league["rating"] == pytest.approx(elo_by_iteration(trained)[-1])
+
+
+def test_the_learner_beats_a_random_player(trained: LocalRun) -> None:
+    report = evaluate(trained, "random")
+    assert report["opponent"] == "random"
+    assert report["learner_results"]["win_rate"] >= 0.8, report["learner_results"]
+
+
+def test_the_learner_beats_its_own_first_snapshot(trained: LocalRun) -> None:
+    # Snapshot 0: the learner before it trained (the window of 8 still holds it).
+    report = evaluate(trained, "snapshot:0")
+    assert report["learner_results"]["win_rate"] >= 0.6, report["learner_results"]
+
+
+def test_export_writes_the_learner_and_a_snapshot_on_request(trained: LocalRun) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cli", "export", "--checkpoint", str(trained.checkpoints),
+         "--snapshot", "6"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "learner.onnx" in done.stdout and ".onnx" in done.stdout.replace("learner.onnx", "")
