@@ -132,3 +132,9 @@ def test_outcomes_are_read_per_opponent_from_the_training_result() -> None:
     result = {"env_runners": {"uerl_league": {"snapshot_0": {"wins": 3, "draws": 1, "losses": 2}}}}
     assert outcomes_from_result(result) == {"snapshot_0": Outcomes(3, 1, 2)}
     assert outcomes_from_result({}) == {}
+
+
+def test_an_opponent_not_met_this_iteration_counts_no_games() -> None:
+    nan = float("nan")
+    result = {"env_runners": {"uerl_league": {"snapshot_1": {"wins": nan, "losses": nan}}}}
+    assert outcomes_from_result(result) == {"snapshot_1": Outcomes()}

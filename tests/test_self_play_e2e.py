@@ -34,7 +34,8 @@ def evaluate(trained: LocalRun, opponent: str) -> dict:
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "local", "eval", *GAME, "--workers", "2",
          "--checkpoint", str(trained.checkpoints), "--opponent", opponent,
-         "--episodes", "100", "--output", str(report)],
+         "--episodes", "100", "--output", str(report),
+         "--run-dir", str(trained.run_dir / f"eval-{opponent.replace(':', '-')}")],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     print(done.stdout)
@@ -94,3 +95,20 @@ def test_export_writes_the_learner_and_a_snapshot_on_request(trained: LocalRun) 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "learner.onnx" in done.stdout and ".onnx" in done.stdout.replace("learner.onnx", "")
+
+
+def test_resume_continues_the_league(trained: LocalRun) -> None:
+    resumed = run_local(
+        trained.run_dir, *GAME, "--workers", "2", "--resume", "latest",
+        "--iterations", str(ITERATIONS + 5), "--train-batch-size", "2000",
+        "--minibatch-size", "250", timeout_s=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.output
+    assert "policies ['learner'] (self_play)" in resumed.output  # the checkpoint's
+    snapshots = [line for line in resumed.output.splitlines() if line.startswith("self-play:")]
+    # No new league: the next snapshot is number 7, at iteration 35.
+    assert len(snapshots) == 1 and snapshots[0].startswith(
+        "self-play: snapshot 7 of the learner at iteration 35"
+    )
+    league = json.loads((trained.checkpoints / "checkpoint_000035" / "league.json").read_text())
+    assert league["taken"] == 8 and league["settings"]["window"] == 8

@@ -58,6 +58,11 @@ def outcomes_from_result(result: dict[str, Any]) -> dict[str, Outcomes]:
     """This iteration's results per opponent, from `algo.train()`'s result."""
     league = result.get("env_runners", {}).get(RESULT_KEY, {})
     return {
-        opponent: Outcomes(**{kind: int(counts.get(kind, 0)) for kind in KINDS})
+        opponent: Outcomes(**{kind: _count(counts.get(kind)) for kind in KINDS})
         for opponent, counts in league.items()
     }
+
+
+def _count(value: Any) -> int:
+    # An opponent not met this iteration reads as NaN (an empty sum), not 0.
+    return 0 if value is None or value != value else int(value)
