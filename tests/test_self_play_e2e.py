@@ -14,7 +14,10 @@ from local_runs import PROJECT_ROOT, LocalRun, run_local
 
 pytestmark = pytest.mark.slow
 
-ITERATIONS = 30
+ITERATIONS = 45
+EVERY = 5
+WINDOW = 10  # holds snapshot 0 to the end: every snapshot of the run
+TAKEN = ITERATIONS // EVERY + 1  # snapshot 0 at iteration 0
 GAME = ["--env", "uerl/Sumo-v0", "--envs", "8", "--learners", "0"]
 
 
@@ -23,7 +26,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
     return run_local(
         tmp_path_factory.mktemp("self-play"),
         *GAME, "--workers", "2", "--policies", "self_play", "--iterations", str(ITERATIONS),
-        "--snapshot-every", "5", "--window", "8", "--p-current", "0.2",
+        "--snapshot-every", str(EVERY), "--window", str(WINDOW), "--p-current", "0.2",
         "--train-batch-size", "2000", "--minibatch-size", "250", "--seed", "1",
         timeout_s=900,
     )  # fmt: skip
@@ -57,8 +60,8 @@ def test_self_play_trains_to_the_end(trained: LocalRun) -> None:
 def test_a_snapshot_is_taken_every_k_iterations(trained: LocalRun) -> None:
     lines = [line for line in trained.output.splitlines() if line.startswith("self-play: snapshot")]
     assert [line.split(" at iteration ")[1].split()[0] for line in lines] == [
-        "0", "5", "10", "15", "20", "25", "30"
-    ]  # fmt: skip
+        str(i) for i in range(0, ITERATIONS + 1, EVERY)
+    ]
 
 
 def test_the_elo_rating_rises(trained: LocalRun) -> None:
@@ -71,7 +74,7 @@ def test_the_league_is_kept_with_the_checkpoint(trained: LocalRun) -> None:
     league = json.loads(
         (trained.checkpoints / f"checkpoint_{ITERATIONS:06d}" / "league.json").read_text()
     )
-    assert league["taken"] == 7 and len(league["slots"]) == 7  # a window of 8
+    assert league["taken"] == TAKEN and len(league["slots"]) == TAKEN
     assert league["rating"] == pytest.approx(elo_by_iteration(trained)[-1])
 
 
@@ -82,8 +85,10 @@ def test_the_learner_beats_a_random_player(trained: LocalRun) -> None:
 
 
 def test_the_learner_beats_its_own_first_snapshot(trained: LocalRun) -> None:
-    # Snapshot 0: the learner before it trained (the window of 8 still holds it).
+    # Snapshot 0: the learner before it trained (the window still holds it), sampling its
+    # actions as it did in the league.
     report = evaluate(trained, "snapshot:0")
+    assert report["opponent"] == "snapshot 0 (sampled actions)"
     assert report["learner_results"]["win_rate"] >= 0.6, report["learner_results"]
 
 
@@ -100,15 +105,17 @@ def test_export_writes_the_learner_and_a_snapshot_on_request(trained: LocalRun) 
 def test_resume_continues_the_league(trained: LocalRun) -> None:
     resumed = run_local(
         trained.run_dir, *GAME, "--workers", "2", "--resume", "latest",
-        "--iterations", str(ITERATIONS + 5), "--train-batch-size", "2000",
+        "--iterations", str(ITERATIONS + EVERY), "--train-batch-size", "2000",
         "--minibatch-size", "250", timeout_s=600,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.output
     assert "policies ['learner'] (self_play)" in resumed.output  # the checkpoint's
     snapshots = [line for line in resumed.output.splitlines() if line.startswith("self-play:")]
-    # No new league: the next snapshot is number 7, at iteration 35.
+    # No new league: the next snapshot follows the last one taken.
     assert len(snapshots) == 1 and snapshots[0].startswith(
-        "self-play: snapshot 7 of the learner at iteration 35"
+        f"self-play: snapshot {TAKEN} of the learner at iteration {ITERATIONS + EVERY}"
     )
-    league = json.loads((trained.checkpoints / "checkpoint_000035" / "league.json").read_text())
-    assert league["taken"] == 8 and league["settings"]["window"] == 8
+    league = json.loads(
+        (trained.checkpoints / f"checkpoint_{ITERATIONS + EVERY:06d}" / "league.json").read_text()
+    )
+    assert league["taken"] == TAKEN + 1 and league["settings"]["window"] == WINDOW

@@ -8,10 +8,8 @@ from collections.abc import Callable
 import numpy as np
 
 from training.mock_ue import SUMO, MockUEServer
-from training.mock_ue.sumo import MAX_STEPS, PLAYERS, Sumo
+from training.mock_ue.sumo import BACK, CONTACT, DODGE, FORWARD, MAX_STEPS, PLAYERS, STAY, Sumo
 from training.rllib.vector_env import UEVectorEnv
-
-BACK, STAY, FORWARD = 0, 1, 2
 
 
 def play(game: Sumo, left: int, right: int) -> tuple[dict, int]:
@@ -41,6 +39,53 @@ def test_two_equal_pushes_hold_until_the_time_is_up_a_draw() -> None:
     assert all(r == 0.0 and trunc for _, r, _, trunc in results.values())
 
 
+def touch(game: Sumo) -> None:
+    """Walk both players into contact."""
+    game.reset(seed=0)
+    while game.positions[1] - game.positions[0] > CONTACT + 1e-6:
+        game.step({PLAYERS[0]: FORWARD, PLAYERS[1]: FORWARD})
+
+
+def test_dodging_a_charger_already_in_contact_throws_it() -> None:
+    game = Sumo()
+    touch(game)
+    results = game.step({PLAYERS[0]: FORWARD, PLAYERS[1]: DODGE})
+    assert results[PLAYERS[1]][1:3] == (1.0, True) and results[PLAYERS[0]][1] == -1.0
+
+
+def test_charging_into_contact_is_not_thrown_by_a_dodge() -> None:
+    game = Sumo()
+    game.reset(seed=0)
+    results = game.step({PLAYERS[0]: FORWARD, PLAYERS[1]: DODGE})
+    assert not any(term for _, _, term, _ in results.values())
+
+
+def test_a_dodger_who_is_not_charged_gives_a_step() -> None:
+    game = Sumo()
+    touch(game)
+    right_before = game.positions[1]
+    game.step({PLAYERS[0]: STAY, PLAYERS[1]: DODGE})
+    assert game.positions[1] > right_before
+
+
+def answer(game: Sumo, habit: int) -> int:
+    """player_0's reply to a player_1 who always does `habit`."""
+    if game.positions[1] - game.positions[0] > CONTACT + 1e-6:
+        return FORWARD
+    return {FORWARD: DODGE, STAY: FORWARD, DODGE: STAY, BACK: FORWARD}[habit]
+
+
+def test_every_fixed_habit_loses_to_its_answer_so_no_pure_strategy_holds_a_draw() -> None:
+    for habit in (BACK, STAY, FORWARD, DODGE):
+        game = Sumo()
+        game.reset(seed=0)
+        for _ in range(MAX_STEPS):
+            results = game.step({PLAYERS[0]: answer(game, habit), PLAYERS[1]: habit})
+            if results[PLAYERS[0]][2]:
+                break
+        assert results[PLAYERS[0]][1:3] == (1.0, True), habit
+
+
 def test_stepping_back_out_of_the_ring_loses() -> None:
     results, _ = play(Sumo(), BACK, STAY)
     assert results[PLAYERS[0]][1] == -1.0
@@ -53,7 +98,7 @@ def test_rewards_always_sum_to_zero_and_each_player_sees_its_own_frame() -> None
     (me_0, them_0, _), (me_1, them_1, _) = first[PLAYERS[0]], first[PLAYERS[1]]
     assert (me_1, them_1) == (-them_0, -me_0)
     for _ in range(500):
-        results = game.step({aid: int(rng.integers(3)) for aid in PLAYERS})
+        results = game.step({aid: int(rng.integers(4)) for aid in PLAYERS})
         assert sum(r for _, r, _, _ in results.values()) == 0.0
         if any(term or trunc for _, _, term, trunc in results.values()):
             game.reset(seed=None)

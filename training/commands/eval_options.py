@@ -14,7 +14,13 @@ def add_eval_args(parser: argparse.ArgumentParser, *, checkpoint_required: bool 
         "--opponent",
         metavar="WHO",
         help="self-play checkpoints: the learner plays random, snapshot:N or the learner of "
-        "another checkpoint (a path); the report counts its wins",
+        "another checkpoint (a path); the report counts its wins. A snapshot or checkpoint "
+        "samples its actions, as opponents do in the league",
+    )
+    group.add_argument(
+        "--opponent-deterministic",
+        action="store_true",
+        help="the --opponent snapshot or checkpoint takes its most likely action instead",
     )
     group.add_argument(
         "--checkpoint",
@@ -78,4 +84,5 @@ def eval_options_from_args(
         seed=args.seed,
         verbose=args.verbose,
         opponent=args.opponent,
+        opponent_deterministic=args.opponent_deterministic,
     )

@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--env",
         default="CartPole-v1",
         help="CartPole-v1 (default), Pendulum-v1, uerl/TwoTeams-v0, uerl/Sumo-v0 (two players, "
-        "zero-sum) or any gymnasium id",
+        "zero-sum), uerl/Relay-v0 (two players, one shared reward) or any gymnasium id",
     )
     parser.add_argument("--stats-file", type=Path, help="write session/step counters here on exit")
     parser.add_argument("--tls-cert", help="serve TLS with this certificate (PEM), with --tls-key")

@@ -49,7 +49,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         help="which policy each agent acts with: by_type (one per Schola agent type, the "
         "default), shared (one for all agents; their spaces must agree), independent (one "
         "per agent), self_play (a learning policy against frozen snapshots of itself, rated "
-        "with Elo). Also `policies:` in --hparams YAML; --resume keeps the checkpoint's",
+        "with Elo), ctde (one actor per agent, one shared critic that sees every agent; "
+        "PPO, at most one learner). Also `policies:` in --hparams YAML; --resume keeps the "
+        "checkpoint's",
     )
     league = parser.add_argument_group("self-play (--policies self_play)")
     league.add_argument(

@@ -1,6 +1,7 @@
 """A mock Schola game: GymService over gymnasium envs, for tests, benchmarks, dev clusters."""
 
 from training.mock_ue.scenarios import (
+    RELAY,
     SCENARIOS,
     SUMO,
     TWO_TEAMS,
@@ -11,6 +12,7 @@ from training.mock_ue.scenarios import (
 from training.mock_ue.server import MockStats, MockUEServer
 
 __all__ = [
+    "RELAY",
     "SCENARIOS",
     "SUMO",
     "TWO_TEAMS",

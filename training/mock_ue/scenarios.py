@@ -5,7 +5,8 @@ game's N environments holds one gymnasium env per slot; an environment is done w
 all its agents are done. Single-agent scenarios are any gymnasium id; the
 multi-agent one mixes two agent types with different spaces (and two agents
 sharing one type, as policy sharing in Schola works by agent type). A joint scenario
-(`SUMO`) is one game whose agents act on each other (`training.mock_ue.joint`).
+(`SUMO`, competitive; `RELAY`, cooperative) is one game whose agents act on each
+other (`training.mock_ue.joint`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
+from training.mock_ue import relay
 from training.mock_ue.joint import JointGame, JointSeat
+from training.mock_ue.relay import Relay
 from training.mock_ue.sumo import PLAYERS, Sumo
 
 TWO_TEAMS = "uerl/TwoTeams-v0"
 SUMO = "uerl/Sumo-v0"
+RELAY = "uerl/Relay-v0"
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,11 @@ SCENARIOS: dict[str, Scenario] = {
         SUMO,
         tuple(AgentSlot(aid, "sumo", SUMO) for aid in PLAYERS),
         joint=Sumo,
+    ),
+    RELAY: Scenario(
+        RELAY,
+        tuple(AgentSlot(aid, aid, RELAY) for aid in relay.PLAYERS),
+        joint=Relay,
     ),
     TWO_TEAMS: Scenario(
         TWO_TEAMS,

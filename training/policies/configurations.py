@@ -11,7 +11,7 @@ from training.policies.self_play import LEARNER
 if TYPE_CHECKING:
     from training.protocol.game_spec import AgentSpec
 
-PolicyConfiguration = Literal["by_type", "shared", "independent", "self_play"]
+PolicyConfiguration = Literal["by_type", "shared", "independent", "self_play", "ctde"]
 CONFIGURATIONS: tuple[str, ...] = get_args(PolicyConfiguration)
 DEFAULT: PolicyConfiguration = "by_type"
 # The one policy of `shared`.
@@ -36,7 +36,8 @@ def policy_mapping(
     by_type: one policy per Schola agent type (an agent without a type gets its own);
     shared: one policy for every agent; independent: one policy per agent id; self_play:
     every agent plays the learning policy (the one exported and evaluated; during
-    training opponents also play its snapshots, see `training.policies.self_play`)."""
+    training opponents also play its snapshots, see `training.policies.self_play`);
+    ctde: one actor per agent id, sharing one centralised critic (`training.policies.ctde`)."""
     if configuration == "shared":
         _check_one_space(agents, configuration)
         return {aid: SHARED_POLICY_ID for aid in sorted(agents)}
@@ -48,7 +49,12 @@ def policy_mapping(
                 f"game has {sorted(agents)}"
             )
         return {aid: LEARNER for aid in sorted(agents)}
-    if configuration == "independent":
+    if configuration == "ctde" and len(agents) < 2:
+        raise PolicyConfigurationError(
+            f"--policies ctde needs at least two agents to share a critic; the game has "
+            f"{sorted(agents)}"
+        )
+    if configuration in ("independent", "ctde"):
         return {aid: aid for aid in sorted(agents)}
     return {aid: spec.policy_id(aid) for aid, spec in sorted(agents.items())}
 

@@ -2,7 +2,9 @@
 
 `random` (uniform random actions), `snapshot:N` (a snapshot the checkpoint holds) or a
 checkpoint path (that run's learner). Each episode the learner takes one seat (drawn
-per episode) and the opponent the others; the report counts the learner's wins.
+per episode) and the opponent the others; the report counts the learner's wins. A
+snapshot or checkpoint opponent samples its actions, as opponents do in the league
+(`training.policies.sampled_module`), unless asked to play deterministically.
 """
 
 from __future__ import annotations
@@ -62,21 +64,25 @@ def resolve_opponent(text: str, league: League | None, checkpoint: Path) -> Oppo
     )
 
 
-def with_opponent(config: Any, agents: list[str], opponent: Opponent) -> Any:
-    """`config` (a self-play algorithm config) with the learner playing `opponent`."""
+def with_opponent(
+    config: Any, agents: list[str], opponent: Opponent, *, sampled: bool = True
+) -> Any:
+    """`config` (a self-play algorithm config) with the learner playing `opponent`, which
+    samples its actions unless `sampled` is False (random always is random)."""
     from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
     from training.policies.random_module import RandomModule
+    from training.policies.sampled_module import SampledPPOModule
 
     specs = dict(config.rl_module_spec.rl_module_specs)
-    if opponent.module_id == OPPONENT:
-        learner = specs[LEARNER]
-        specs[OPPONENT] = RLModuleSpec(
-            module_class=RandomModule if opponent.random else None,
-            observation_space=learner.observation_space,
-            action_space=learner.action_space,
-        )
+    learner = specs[LEARNER]
+    playing = RandomModule if opponent.random else (SampledPPOModule if sampled else None)
+    specs[opponent.module_id] = RLModuleSpec(
+        module_class=playing,
+        observation_space=learner.observation_space,
+        action_space=learner.action_space,
+    )
     return config.multi_agent(
         policies=set(specs),
         policy_mapping_fn=SelfPlayMapping(tuple(sorted(agents)), (opponent.module_id,), 0.0),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 
 from infra.endpoints import Endpoints
-from training.policies.configurations import PolicyMapping
+from training.policies.configurations import PolicyConfigurationError, PolicyMapping
 from training.policies.outcomes import SelfPlayOutcomes
 from training.policies.self_play import LEARNER, SelfPlayMapping, SelfPlaySettings
 from training.protocol.game_spec import GameSpec
@@ -113,9 +113,32 @@ def build_ppo_config(
     )
     if game.policies == "self_play":
         config = config.callbacks(SelfPlayOutcomes)
+    if game.policies == "ctde":
+        config = _centralised_critic(config, game)
     if seed is not None:
         config = config.debugging(seed=seed)
     return config
+
+
+def _centralised_critic(config: PPOConfig, game: GameSpec) -> PPOConfig:
+    """--policies ctde: the actors' module spec, the learner that builds the critic's input
+    and steps the shared critic once (training.policies.ctde)."""
+    from functools import partial
+
+    from training.policies.ctde import CTDEPPOTorchLearner, ctde_module_spec
+
+    agent_spaces = {aid: spec.observation_space for aid, spec in game.agents.items()}
+    return (
+        config.rl_module(rl_module_spec=ctde_module_spec(game.policy_spaces()))
+        .training(learner_class=CTDEPPOTorchLearner)
+        .learners(learner_connector=partial(_global_observations, agent_spaces=agent_spaces))
+    )
+
+
+def _global_observations(obs_space: Any, act_space: Any, *, agent_spaces: dict) -> Any:
+    from training.policies.ctde import AddGlobalObservations
+
+    return AddGlobalObservations(obs_space, act_space, agent_spaces=agent_spaces)
 
 
 def connection_for(
@@ -168,6 +191,17 @@ def build_algo_config(
     """The AlgorithmConfig (PPO, APPO or IMPALA) to `build_algo()`."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
+    if game.policies == "ctde" and algo != "PPO":
+        raise PolicyConfigurationError(
+            f"--policies ctde trains with PPO (its learner builds the shared critic); "
+            f"--algo {algo} is not supported with it"
+        )
+    if game.policies == "ctde" and endpoints.num_learners > 1:
+        raise PolicyConfigurationError(
+            f"--policies ctde trains on one learner (its actors share one critic, which "
+            f"distributed data-parallel learners would each step); the topology has "
+            f"{endpoints.num_learners} learners: set topology.learners.replicas to 0 or 1"
+        )
     values = hparams if hparams is not None else hp.merge(algo)
     training, model = hp.split(values)
     res = endpoints.resources

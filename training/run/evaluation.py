@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.endpoints import Endpoints
 from training.policies.opponents import (
     OPPONENT,
+    Opponent,
     learner_outcomes,
     resolve_opponent,
     with_opponent,
@@ -69,8 +70,10 @@ class EvalOptions(BaseModel):
     seed: int | None = None
     # Ray's and RLlib's own output on the console too, as Ray prints it (--verbose).
     verbose: bool = False
-    # Self-play checkpoints: whom the learner plays (random, snapshot:N, a checkpoint).
+    # Self-play checkpoints: whom the learner plays (random, snapshot:N, a checkpoint),
+    # sampling its actions as in the league unless opponent_deterministic.
     opponent: str | None = None
+    opponent_deterministic: bool = False
 
     @property
     def ray_log(self) -> Path:
@@ -297,7 +300,12 @@ def _run_eval(
             self_play=league.settings if league is not None else None,
         )
         if opponent is not None:
-            config = with_opponent(config, sorted(game.agents), opponent)
+            config = with_opponent(
+                config,
+                sorted(game.agents),
+                opponent,
+                sampled=not options.opponent_deterministic,
+            )
         # Same action handling as the run that trained the policy.
         config = config.environment(
             normalize_actions=meta.normalize_actions, clip_actions=meta.clip_actions
@@ -343,7 +351,7 @@ def _run_eval(
         games=sorted(games),
         wall_s=time.monotonic() - started,
         policies={pid: policy_stats(pairs) for pid, pairs in sorted(per_policy.items())},
-        opponent=opponent.label if opponent is not None else None,
+        opponent=_opponent_label(opponent, options) if opponent is not None else None,
         learner_results=(
             _results(learner_outcomes(summaries, opponent.module_id))
             if opponent is not None
@@ -353,6 +361,13 @@ def _run_eval(
     options.report_path.parent.mkdir(parents=True, exist_ok=True)
     options.report_path.write_text(json.dumps(result.model_dump(), indent=2) + "\n")
     return result
+
+
+def _opponent_label(opponent: Opponent, options: EvalOptions) -> str:
+    if opponent.random:
+        return opponent.label
+    how = "deterministic" if options.opponent_deterministic else "sampled actions"
+    return f"{opponent.label} ({how})"
 
 
 def _results(outcomes: Outcomes) -> dict[str, float]:
