@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mock-ue": ("training.commands.mock_ue", "serve Schola's GymService for gymnasium envs"),
     "bench": ("training.commands.bench", "benchmark gRPC stepping against in-process stepping"),
     "bench-faults": ("training.commands.bench_faults", "measure what a game fault costs training"),
+    "bench-policies": (
+        "training.commands.bench_policies",
+        "compare policy configurations at the same step budget",
+    ),
     "eval": ("training.commands.eval", "play a checkpoint's policies against the games"),
     "export": ("training.commands.export", "write a checkpoint's policies as ONNX for Schola"),
     "tls-secret": ("training.commands.tls_secret", "make a CA and the games' TLS certificate"),
