@@ -56,11 +56,19 @@ def run_one(out: Path, args: argparse.Namespace, policies: str, seed: int) -> Pa
         "--train-batch-size", str(args.train_batch_size), "--run-dir", str(run_dir),
     ]  # fmt: skip
     print(f"bench-policies: {policies}, seed {seed} -> {run_dir}", flush=True)
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
+    lines: list[str] = []
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith(("iter ", "done in")):  # the run's progress, nothing else
+                print(f"  {policies:<12} {line.rstrip()}", flush=True)
+    if proc.returncode != 0:
         raise SystemExit(
-            f"bench-policies: {policies} (seed {seed}) failed, exit {done.returncode}:\n"
-            + "\n".join((done.stdout + done.stderr).splitlines()[-20:])
+            f"bench-policies: {policies} (seed {seed}) failed, exit {proc.returncode}:\n"
+            + "\n".join(lines[-20:])
         )
     return run_dir / "metrics.csv"
 

@@ -1,0 +1,98 @@
+"""`--policies ctde` on the cooperative Relay game, through `uerl local` and the Schola
+protocol, compared with `independent` at the same step budget by `uerl bench-policies`;
+its checkpoint evaluates and exports one actor per agent on that agent's observation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from local_runs import PROJECT_ROOT
+from proc_tree import StartedProcesses
+
+pytestmark = pytest.mark.slow
+
+ITERATIONS = 25
+RELAY = ["--env", "uerl/Relay-v0", "--envs", "8"]
+
+
+class Bench:
+    def __init__(self, out: Path, output: str, returncode: int) -> None:
+        self.out, self.output, self.returncode = out, output, returncode
+        self.summary = json.loads((out / "summary.json").read_text()) if returncode == 0 else {}
+
+    def figures(self, policies: str) -> dict:
+        return self.summary["policies"][policies]
+
+    @property
+    def ctde_checkpoints(self) -> Path:
+        return self.out / "ctde-seed1" / "checkpoints"
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
+    out = tmp_path_factory.mktemp("bench-policies")
+    argv = [
+        sys.executable, "-m", "training.cli", "bench-policies", *RELAY[:2],
+        "--policies", "ctde", "independent", "--seeds", "1",
+        "--iterations", str(ITERATIONS), "--out", str(out),
+    ]  # fmt: skip
+    with StartedProcesses() as started:
+        proc = started.popen(
+            argv, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        output, _ = proc.communicate(timeout=1200)
+    print(output)
+    return Bench(out, output, proc.returncode)
+
+
+def test_the_bench_runs_both_configurations_to_the_end(bench: Bench) -> None:
+    assert bench.returncode == 0, bench.output
+    for policies in ("ctde", "independent"):
+        assert bench.figures(policies)["env_steps"] >= ITERATIONS * 2000
+
+
+def test_ctde_learns_the_cooperative_game(bench: Bench) -> None:
+    ctde = bench.figures("ctde")
+    # Random play loses about 20 a game (two agents, 20 steps, half a unit away); the
+    # best play about 3.
+    assert ctde["final_return"] > ctde["first_return"] + 5, ctde
+
+
+def test_the_comparison_is_printed_with_the_learning_curves(bench: Bench) -> None:
+    assert ("ctde beats independent" in bench.output) or (
+        "ctde does not beat independent" in bench.output
+    )
+    png = bench.out / "learning_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_checkpoint_exports_each_actor_on_its_own_observation(bench: Bench) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cli", "export", "--checkpoint",
+         str(bench.ctde_checkpoints), "--out", str(bench.out / "onnx")],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    import onnx
+
+    for agent in ("runner", "spotter"):
+        model = onnx.load(str(bench.out / "onnx" / f"{agent}.onnx"))
+        (obs,) = model.graph.input
+        # Decentralised execution: 4 values, the agent's own, not the critic's 8.
+        assert [d.dim_value for d in obs.type.tensor_type.shape.dim][1:] == [4]
+
+
+def test_eval_plays_each_agents_actor(bench: Bench) -> None:
+    report = bench.out / "eval.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cli", "local", "eval", *RELAY, "--workers", "1",
+         "--learners", "0", "--checkpoint", str(bench.ctde_checkpoints), "--episodes", "16",
+         "--output", str(report), "--run-dir", str(bench.out / "eval")],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(json.loads(report.read_text())["policies"]) == ["runner", "spotter"]
