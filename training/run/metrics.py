@@ -116,18 +116,26 @@ def write_csv(path: Path, rows: list[IterationRow]) -> None:
 
 
 def plot_learning_curve(path: Path, rows: list[IterationRow], *, title: str) -> None:
-    """Episode return mean and env steps/s against env steps."""
+    """Episode return mean and env steps/s against env steps; self-play runs (whose
+    zero-sum return says nothing) also get the learner's Elo rating."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a head node or in CI
     import matplotlib.pyplot as plt
 
     steps = [r.env_steps_total for r in rows]
-    fig, (ax_ret, ax_tp) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    rated = any(not math.isnan(r.elo) for r in rows)
+    fig, axes = plt.subplots(3 if rated else 2, 1, figsize=(8, 8 if rated else 6), sharex=True)
+    ax_ret, ax_tp = axes[0], axes[-1]
     ax_ret.plot(steps, [r.episode_return_mean for r in rows], marker="o", ms=3)
     ax_ret.set_ylabel("episode return mean")
     ax_ret.set_title(title)
     ax_ret.grid(alpha=0.3)
+    if rated:
+        ax_elo = axes[1]
+        ax_elo.plot(steps, [r.elo for r in rows], marker="o", ms=3, color="C2")
+        ax_elo.set_ylabel("learner Elo")
+        ax_elo.grid(alpha=0.3)
     ax_tp.plot(steps, [r.env_steps_per_s for r in rows], marker="o", ms=3, label="env steps/s")
     ax_tp.plot(steps, [r.learner_steps_per_s for r in rows], marker="x", ms=3, label="learner")
     ax_tp.set_xlabel("env steps")
