@@ -12,7 +12,7 @@ NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/build.rs native/pyp
 # Cargo's build cache, outside the work tree: a rebuild after a change takes seconds.
 CARGO_TARGET_DIR ?= $(HOME)/.cache/uerl-native/target
 
-.PHONY: setup local test test-slow lint bench render images clean
+.PHONY: setup local test test-slow lint bench render images docs clean
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -46,6 +46,10 @@ $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 
 local: setup
 	$(BIN)/uerl local $(ARGS)
+
+# The docs site (MkDocs, Material), strict: a broken link or a missing page fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
 
 lint: setup
 	$(BIN)/ruff check .
@@ -89,4 +93,4 @@ images: setup
 	$(DOCKER) build -f docker/mock-ue.Dockerfile -t $(MOCK_IMAGE) .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

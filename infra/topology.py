@@ -102,10 +102,17 @@ Quantity = Annotated[str, BeforeValidator(_config_text), AfterValidator(_quantit
 
 
 class Toleration(_Spec):
+    """A Kubernetes toleration of the group's pods (the pod spec's own fields)."""
+
+    # The taint key tolerated (none with `Exists`: every taint).
     key: Text | None = None
+    # `Equal`: the taint's value must be `value`; `Exists`: any value.
     operator: Literal["Exists", "Equal"] = "Equal"
+    # The taint value tolerated with `Equal`.
     value: Text | None = None
+    # The taint effect tolerated (none: every effect).
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    # With `NoExecute`: how long a pod stays on a node after the taint appears.
     toleration_seconds: int | None = Field(default=None, ge=0)
 
     def to_k8s(self) -> dict[str, Any]:
@@ -124,13 +131,19 @@ class Toleration(_Spec):
 class HeadSpec(_Spec):
     """The Ray head pod. It schedules no work (num-cpus 0): these are its container's size."""
 
+    # CPUs of the head container (requests = limits).
     cpus: float = Field(default=1, gt=0)
+    # Memory of the head container, a Kubernetes quantity.
     memory: Quantity = "4Gi"
 
 
 class RaySpec(_Spec):
+    """The Ray cluster (KubeRay RayCluster): its version, image and head."""
+
+    # Ray version of the cluster; must equal the training package's pin.
     version: Text = Field(default=RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
-    # None: derived from `version` (see `image_ref`).
+    # Ray image for head and workers (it needs uerl installed). None:
+    # `uerl/ray:<version>-py311-cpu` (docker/ray.Dockerfile).
     image: Text | None = None
     head: HeadSpec = HeadSpec()
     # How long `pulumi up` gives KubeRay to create the Ray pods and `ray start`
@@ -145,18 +158,26 @@ class RaySpec(_Spec):
 
 
 class _NodeGroupSpec(_Spec):
+    # CPUs of each node's Ray container (requests = limits; fractions become millicores).
     cpus: float = Field(default=1, gt=0)
+    # Memory of each node's Ray container, a Kubernetes quantity.
     memory: Quantity = "2Gi"
+    # Node labels the group's pods must be scheduled on.
     node_selector: dict[Text, Text] = {}
+    # Taints the group's pods tolerate.
     tolerations: list[Toleration] = []
 
 
 class LearnerSpec(_NodeGroupSpec):
     """X learner nodes. replicas 0 trains on the driver."""
 
+    # X: how many learner nodes (one RLlib learner each); 0 learns on the driver.
     replicas: int = Field(default=1, ge=0, le=256)
+    # CPUs of each learner's Ray container (requests = limits).
     cpus: float = Field(default=2, gt=0)
+    # Memory of each learner's Ray container, a Kubernetes quantity.
     memory: Quantity = "4Gi"
+    # `nvidia.com/gpu` per learner.
     gpus: int = Field(default=0, ge=0, le=16)
 
 
@@ -165,7 +186,9 @@ class WorkerSpec(_NodeGroupSpec):
 
     replicas 0 leaves no game: a training that is running pauses until games return."""
 
+    # Y: how many env-runner nodes, one game and one env runner each.
     replicas: int = Field(default=2, ge=0, le=1000)
+    # The Ray resource each worker advertises (one unit); every env runner needs one.
     custom_resource: Text = "ue_worker"
 
     @field_validator("custom_resource")
@@ -184,6 +207,7 @@ class GameTLSSpec(_Spec):
     cert-manager, or by `uerl tls-secret`) holds `ca.crt`, `tls.crt` and `tls.key`;
     the certificate names the hosts env runners dial (`uerl tls-secret` says which)."""
 
+    # The Secret's name (it holds ca.crt, tls.crt, tls.key).
     secret: Text
     # Games accept only clients presenting a certificate the Secret's CA signed; env
     # runners present the Secret's own certificate (it must allow client auth).
@@ -225,11 +249,18 @@ ALL_INTERFACES = "0.0.0.0"
 class SimulatorSpec(_Spec):
     """The game: one instance per env runner (plus an optional discovery instance)."""
 
+    # `unreal`: a packaged build on the shared volume; `mock`: `uerl mock-ue`, no volume.
     kind: Literal["unreal", "mock"] = "unreal"
+    # The game container's image. None: `ubuntu:22.04` (unreal), `uerl/mock-ue:0.1.0` (mock).
     image: Text | None = None
     # Path of the game launcher relative to `executables.mount_path`.
     executable: Text = "Game.sh"
+    # The game's command and arguments; placeholders `{port}` (where it listens),
+    # `{host}` (127.0.0.1 or 0.0.0.0) and `{executable}`. None: the kind's default,
+    # unreal `["{executable}"]` with `["-ScholaPort={port}", "-nullrhi", "-unattended",
+    # "-nosplash", "-nosound"]`.
     command: list[Text] | None = None
+    # The game's arguments, with the same placeholders (see `command`).
     args: list[Text] | None = None
     # The port env runners connect to (the endpoints' `port`).
     port: int = Field(default=50051, ge=1, le=65535)
@@ -241,11 +272,17 @@ class SimulatorSpec(_Spec):
     # this port and a forwarder in its pod serves `port` on the pod IP.
     # None: `port` + 1 (`port` - 1 for 65535).
     internal_port: int | None = Field(default=None, ge=1, le=65535)
+    # The image running that forwarder (its `python`, standard library only).
     forwarder_image: Text = FORWARDER_IMAGE
+    # CPUs of the game container (requests = limits).
     cpus: float = Field(default=2, gt=0)
+    # Memory of the game container, a Kubernetes quantity.
     memory: Quantity = "4Gi"
+    # `nvidia.com/gpu` of the game container.
     gpus: int = Field(default=0, ge=0, le=16)
+    # Extra environment of the game (an unreal game also gets HOME=/tmp).
     env: dict[Text, Text] = {}
+    # Time the game has to open its port before it is restarted (startup probe).
     startup_timeout_s: float = Field(default=120, gt=0, le=3600)
     # TLS to the games (off by default): served by the forwarder where there is one,
     # else by the game itself (the mock game can; a stock Schola build cannot).
@@ -323,9 +360,14 @@ class ExecutablesSpec(_Spec):
 
     # Use this PersistentVolumeClaim instead of creating one.
     existing_claim: Text | None = None
+    # Size of the claim uerl creates, a Kubernetes quantity.
     size: Quantity = "20Gi"
+    # Storage class of that claim (it must provide the access mode). None: the
+    # cluster's default.
     storage_class: Text | None = None
+    # Every game pod mounts the volume at once, so one claim serves many nodes.
     access_mode: Literal["ReadWriteMany", "ReadOnlyMany"] = "ReadWriteMany"
+    # Where every UE container mounts the volume (read-only), absolute.
     mount_path: Text = Field(default="/opt/ue", pattern=r"^/\S*$")
     # A build archive (.zip / .tar.gz) unpacked into the volume by a one-off Job.
     source_url: Text | None = Field(default=None, pattern=r"^(https?|s3|gs)://\S+$")
@@ -345,8 +387,11 @@ class ExecutablesSpec(_Spec):
 class OperatorSpec(_Spec):
     """The KubeRay operator (Helm chart `kuberay-operator`)."""
 
+    # Install the chart; false on clusters that already run KubeRay.
     install: bool = True
+    # The chart version, pinned.
     chart_version: Text = KUBERAY_CHART_VERSION
+    # The Helm repository the chart comes from.
     repository: Text = KUBERAY_REPOSITORY
     # A local chart directory or .tgz, for air-gapped clusters (wins over
     # repository). Relative paths are relative to the project root (Pulumi.yaml).
@@ -400,8 +445,12 @@ class Topology(_Spec):
     # Prefix of every object; the RayCluster's name. Short enough that KubeRay's
     # derived names (`<name>-head-svc`, pods with suffixes) stay valid.
     name: Text = "uerl"
+    # The namespace of every object (a DNS-1123 label).
     namespace: Text = "uerl"
+    # Create the namespace; false: it must exist (e.g. a second stack in it).
     create_namespace: bool = True
+    # `sidecar`: each game runs in its worker pod; `networked`: one StatefulSet of
+    # games behind a headless Service.
     pattern: Pattern = "sidecar"
     # Applied to every container uerl creates. IfNotPresent: images loaded into
     # kind/k3d/minikube are used as loaded; a rebuilt image needs a new tag.

@@ -1,0 +1,152 @@
+"""The topology reference, generated from `infra/topology.py` so it cannot drift from it.
+
+One row per field, nested models flattened to their config path (`ray.head.cpus`; a
+list of models as `learners.tolerations[].key`): the type as written in the code, the
+default, the constraints pydantic enforces and the comment written above the field
+(a group of fields: its model's docstring). The docs site renders it
+(`docs/hooks.py`); `tests/test_docs.py` checks it lists every field.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from infra import topology
+
+CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "max_length": "length <="}
+
+
+@dataclass(frozen=True)
+class Row:
+    path: str
+    type: str
+    default: str
+    constraint: str
+    comment: str
+
+
+def _field_sources(model: type[BaseModel]) -> dict[str, tuple[str, str]]:
+    """Field name -> (annotation as written, comment above it), through the model's bases."""
+    found: dict[str, tuple[str, str]] = {}
+    for cls in reversed(model.__mro__):
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls is BaseModel:
+            continue
+        try:
+            source = inspect.getsource(cls)
+        except (OSError, TypeError):
+            continue
+        lines = source.splitlines()
+        (node,) = ast.parse(source).body
+        for item in node.body:  # type: ignore[attr-defined]
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                comment: list[str] = []
+                index = item.lineno - 2
+                while index >= 0 and lines[index].strip().startswith("#"):
+                    comment.insert(0, lines[index].strip().lstrip("#").strip())
+                    index -= 1
+                # A subclass that re-declares a field (a new default) keeps its comment.
+                previous = found.get(item.target.id, ("", ""))[1]
+                found[item.target.id] = (
+                    ast.unparse(item.annotation),
+                    " ".join(comment) or previous,
+                )
+    return found
+
+
+# Aliases of `infra/topology.py`, as a reader of the reference wants them spelled.
+ALIASES = {"Text": "str", "Quantity": "quantity", "Cidr": "CIDR"}
+
+
+def _type(written: str) -> str:
+    """The annotation as written, aliases spelled out and Literal[...] as 'a' | 'b'."""
+    for alias in ("Pattern", "ImagePullPolicy"):
+        values = typing.get_args(getattr(topology, alias))
+        written = written.replace(alias, " | ".join(repr(v) for v in values))
+    for alias, plain in ALIASES.items():
+        written = re.sub(rf"\b{alias}\b", plain, written)
+    return re.sub(r"Literal\[([^\]]*)\]", lambda m: m.group(1).replace(", ", " | "), written)
+
+
+def _nested_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The model a field holds (directly, optionally or as list items); whether a list."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is list and args:
+        inner, _ = _nested_model(args[0])
+        return inner, True
+    for arg in args:  # Optional / unions
+        inner, many = _nested_model(arg)
+        if inner is not None:
+            return inner, many
+    return None, False
+
+
+def _default(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
+    value = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+    if value is None:
+        return "none"
+    if isinstance(value, BaseModel):
+        return "(below)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)) and not value:
+        return "{}" if isinstance(value, dict) else "[]"
+    return str(value)
+
+
+def _constraint(info: FieldInfo) -> str:
+    parts = []
+    for item in info.metadata:
+        for attr, symbol in CONSTRAINTS.items():
+            value = getattr(item, attr, None)
+            if value is not None:
+                parts.append(f"{symbol} {value}")
+        pattern = getattr(item, "pattern", None)
+        if pattern is not None:
+            parts.append(f"matches `{pattern}`")
+    return ", ".join(parts)
+
+
+def rows(model: type[BaseModel] = topology.Topology, prefix: str = "") -> list[Row]:
+    sources = _field_sources(model)
+    out: list[Row] = []
+    for name, info in model.model_fields.items():
+        written, comment = sources.get(name, (str(info.annotation), ""))
+        path = f"{prefix}{name}"
+        nested, many = _nested_model(info.annotation)
+        if nested is not None and nested.__doc__:
+            # A group of fields: the comment, then what the model's docstring says.
+            doc = " ".join(inspect.cleandoc(nested.__doc__).split())
+            comment = f"{comment} {doc}".strip()
+        out.append(Row(path, _type(written), _default(info), _constraint(info), comment))
+        if nested is not None:
+            out.extend(rows(nested, f"{path}[]." if many else f"{path}."))
+    return out
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table() -> str:
+    lines = [
+        "| path (`topology.` ...) | type | default | constraint | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows():
+        lines.append(
+            f"| `{row.path}` | `{_cell(row.type)}` | `{_cell(row.default)}` | "
+            f"{_cell(row.constraint)} | {_cell(row.comment)} |"
+        )
+    return "\n".join(lines)
