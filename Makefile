@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The compiled game client (native/: Rust, built by maturin into the virtualenv). Without
-# cargo, uerl runs everything on its pure-Python client (README: Performance).
+# cargo, uerl runs everything on its pure-Python client (docs/performance.md).
 $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 	@if command -v cargo >/dev/null 2>&1; then \
 		echo "setup 5/5: compiled game client (native/, cargo build --release, about a minute the first time)"; \
@@ -83,7 +83,7 @@ render: setup
 
 # The two images a dev cluster runs (Ray head/learners/workers, and the mock
 # game), tagged as the topology's defaults say: infra/topology.py is the one
-# place the tags are written. Load them into the cluster afterwards (README).
+# place the tags are written. Load them into the cluster afterwards (docs/kubernetes.md).
 RAY_IMAGE = $(shell $(BIN)/python -c 'from infra.topology import Topology; print(Topology().ray.image_ref)')
 MOCK_IMAGE = $(shell $(BIN)/python -c 'from infra.topology import SIMULATOR_DEFAULTS as d; print(d["mock"]["image"])')
 DOCKER ?= docker

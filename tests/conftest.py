@@ -104,7 +104,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # With `PYTEST_XDIST` (see Makefile) the suite runs on pytest-xdist workers (`--dist
 # loadgroup`), which take tests in collection order; a serial run keeps pytest's order.
 # These modules take longest (each test a real `uerl local`
-# run or Ray cluster, see README's Tests), longest first: started first, they end
+# run or Ray cluster, see docs/development.md), longest first: started first, they end
 # while the workers go through the quick tests, instead of one of them starting last.
 LONGEST_FIRST = (
     "test_game_faults_e2e.py",

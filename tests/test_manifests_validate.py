@@ -402,7 +402,7 @@ def test_loader_job_writes_the_marker_that_games_wait_for() -> None:
 
 
 def test_games_wait_for_a_build_copied_by_hand_too() -> None:
-    # No loader: the README's manual copy writes the marker last.
+    # No loader: docs/kubernetes.md's manual copy writes the marker last.
     m = manifests.build(dev_topology("topology.simulator.kind=unreal"))
     assert m.loader_job is None
     (wait, _game) = worker_pod(m)["initContainers"]

@@ -136,7 +136,7 @@ def loader_job(topology: Topology) -> K8sObject | None:
 
 def wait_for_build(topology: Topology) -> list[dict[str, Any]]:
     """Init containers holding a UE pod until the build is complete on the volume:
-    written by the loader Job, or by hand (README: putting a build into the volume)."""
+    written by the loader Job, or by hand (docs/kubernetes.md: putting a build into the volume)."""
     spec = topology.executables
     if not topology.uses_executables:
         return []

@@ -78,7 +78,7 @@ class PulumiProject:
         state.mkdir()
         # Pulumi 3.259 always logs every RPC's property values to $PULUMI_HOME/logs
         # (gzip, no setting to turn it off): with the operator chart's 4 MB of CRDs
-        # that is ~100 MB and most of the CLI's CPU per preview (README, Kubernetes).
+        # that is ~100 MB and most of the CLI's CPU per preview (docs/performance.md).
         # A file where the directory would be makes the log unavailable, silently.
         (home / "logs").write_text("automatic logging off: see tests/k8s/pulumi_project.py\n")
         keep = ("PATH", "LANG", "LC_ALL", "TMPDIR", "HOME", "USER")
