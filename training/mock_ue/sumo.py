@@ -2,13 +2,13 @@
 
 Two wrestlers on a ring [-1, 1], player_0 starting at -0.5 facing right, player_1 at
 +0.5 facing left. Each step each one steps back, stays, steps forward (0.1) or dodges.
-When they meet they push: the pair moves by the mean of their steps, so the one who
-pushes while the other does not gains ground. A dodge answers a push: a wrestler who
+When they meet they push: the pair moves by the margin of the stronger push, so the one
+who pushes while the other does not gains a full step. A dodge answers a push: a wrestler who
 charges an opponent it already touches while that one dodges falls (and loses); a
 dodger who is not charged is off balance and gives a step. So every fixed habit has an
 answer (charge beats standing, dodging beats charging, standing beats dodging) and no
 pure strategy holds a draw. Leaving the ring loses (+1 to the winner, -1 to the loser);
-after 60 steps it is a draw (0 each). Both see the same egocentric frame
+after 80 steps it is a draw (0 each). Both see the same egocentric frame
 (own position, opponent's position along their own forward axis, time left), so one
 policy can play either side (self-play, `--policies shared`).
 """
@@ -26,7 +26,7 @@ PLAYERS = ("player_0", "player_1")
 STEP = 0.1
 CONTACT = 0.2  # the wrestlers' distance when they touch
 BACK, STAY, FORWARD, DODGE = range(4)
-MAX_STEPS = 60
+MAX_STEPS = 80
 
 
 class Sumo(JointGame):
@@ -61,9 +61,11 @@ class Sumo(JointGame):
                 -STEP if m == DODGE and other != DODGE else s
                 for m, other, s in zip(moves, moves[::-1], steps, strict=True)
             ]
+        middle = (left + right) / 2
         left, right = left + steps[0], right - steps[1]
-        if right - left < CONTACT:
-            middle = (left + right) / 2  # the stronger push wins ground
+        if CONTACT - (right - left) > 1e-9:
+            # They push against each other: the pair moves by the stronger push's margin.
+            middle += steps[0] - steps[1]
             left, right = middle - CONTACT / 2, middle + CONTACT / 2
         self.positions = [left, right]
         self.steps += 1
