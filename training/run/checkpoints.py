@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from training.policies.self_play import League
     from training.protocol.game_spec import GameSpec
+
+T = TypeVar("T")
 
 LATEST = "latest"
 META = "uerl.json"
@@ -95,30 +98,29 @@ def resolve(resume: str, checkpoint_dir: Path) -> Path:
     return path
 
 
+def _read_optional(file: Path, parse: Callable[[str], T], what: str) -> T | None:
+    """`parse` of a checkpoint's optional JSON file, None when absent; a clear error when
+    it cannot be read."""
+    if not file.is_file():
+        return None
+    try:
+        return parse(file.read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{file} is not {what}: {exc}") from None
+
+
 def read_game(path: Path) -> GameSpec | None:
     """The game a checkpoint was trained for, or None for checkpoints without `game.json`."""
     from training.protocol.game_spec import GameSpec
 
-    file = path / GAME
-    if not file.is_file():
-        return None
-    try:
-        return GameSpec.from_json(file.read_text())
-    except (OSError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"{file} is not a game definition: {exc}") from None
+    return _read_optional(path / GAME, GameSpec.from_json, "a game definition")
 
 
 def read_league(path: Path) -> League | None:
     """A self-play checkpoint's league (snapshots, ratings), or None."""
     from training.policies.self_play import League
 
-    file = path / LEAGUE
-    if not file.is_file():
-        return None
-    try:
-        return League.from_json(file.read_text())
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{file} is not a self-play league: {exc}") from None
+    return _read_optional(path / LEAGUE, League.from_json, "a self-play league")
 
 
 def load_modules(path: Path) -> Any:
