@@ -250,12 +250,18 @@ def place_learners(
     return placed, left
 
 
+def _free_units(room: NodeRoom) -> float:
+    """A node's units of the custom resource not held by env runners. Runners hold whole
+    units for their life; a fraction held is a discovery probe's sliver, gone in moments."""
+    return room.custom_total - math.floor(room.custom_total - room.custom + _EPS)
+
+
 def check_resources(endpoints: Endpoints, rooms: list[NodeRoom]) -> list[str]:
     """Learner placement, or PreflightError saying what was expected vs what there is."""
     resource = endpoints.custom_resource
     res = endpoints.resources
     have_nodes = "\n    ".join(r.describe(resource) for r in rooms) or "(no alive nodes)"
-    total = sum(r.custom for r in rooms)
+    total = sum(_free_units(r) for r in rooms)
     need = endpoints.num_env_runners
     held = sum(r.custom_total for r in rooms) - total
     if total + _EPS < need and held > _EPS and total + held + _EPS >= need:
@@ -275,7 +281,8 @@ def check_resources(endpoints: Endpoints, rooms: list[NodeRoom]) -> list[str]:
             f"  Worker nodes must advertise it (ray start --resources='{{\"{resource}\": 1}}')."
         )
     runner_cpus = sum(
-        min(math.floor(r.custom + _EPS), fits(r.cpus, 0, res.cpus_per_env_runner, 0)) for r in rooms
+        min(math.floor(_free_units(r) + _EPS), fits(r.cpus, 0, res.cpus_per_env_runner, 0))
+        for r in rooms
     )
     if runner_cpus < need:
         raise PreflightError(
