@@ -53,6 +53,7 @@ docs: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 # Serial by default: measured here, `PYTEST_XDIST="-n 2 --dist loadgroup
 # --no-loadscope-reorder"` took longer (27:41 for 513 tests on an otherwise idle 2-core
@@ -63,6 +64,7 @@ PYTEST_XDIST ?=
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -ra --durations=15 -m "not k8s and not slow" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # The long end-to-end training runs (game faults, learning, Ray Jobs, resume, both

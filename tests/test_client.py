@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from training.clients.game_client import GymClient
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.protocol._generated import schola_gym_pb2 as pb
-from training.protocol.client import GymClient
 from training.protocol.errors import UEConnectionError, UEProtocolError
 
 MockFactory = Callable[..., MockUEServer]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from training.run.console import (
+from training.rllib.console import (
     CORE_WORKER_NOISE,
     QUIET_TAG,
     RayConsole,
@@ -167,7 +167,7 @@ def test_an_env_runner_that_cannot_start_shows_its_error_on_the_console(
     tmp_path: Path,
 ) -> None:
     from infra.topology import Topology
-    from training.local.endpoints import local_endpoints
+    from training.local.local_endpoints import local_endpoints
 
     discovery = mock_ue("CartPole-v1")  # discovery answers; the runner's own game does not
     topology = Topology.parse(

@@ -12,10 +12,11 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 
 from infra.endpoints import Endpoints
 from infra.topology import Topology
-from training.local.endpoints import local_endpoints
+from training.local.local_endpoints import local_endpoints
 from training.policies.configurations import PolicyConfigurationError
 from training.policies.ctde import GLOBAL_OBS, AddGlobalObservations, ctde_module_spec
-from training.protocol.game_spec import AgentSpec, GameSpec
+from training.policies.game_spec import GameSpec
+from training.protocol.game_definition import AgentSpec
 from training.rllib.algorithm import build_algo_config, build_ppo_config
 from training.rllib.env_runner import UEConnection
 

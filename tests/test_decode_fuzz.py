@@ -16,9 +16,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from training.clients.game_client import parse_state
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.protocol._generated import schola_gym_pb2 as pb
-from training.protocol.client import parse_state
 from training.protocol.errors import UEProtocolError
 from training.rllib.vector_env import UEVectorEnv
 

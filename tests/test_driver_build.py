@@ -14,10 +14,10 @@ import pytest
 
 from training.local.ray_cluster import NODE_IP, LocalRayCluster, node_specs
 from training.mock_ue import MockUEServer
-from training.protocol.game_spec import GameSpec
+from training.policies.game_spec import GameSpec
+from training.probe.discovery import discover
 from training.rllib.algorithm import build_ppo_config
 from training.rllib.env_runner import UEConnection
-from training.run.discovery import discover
 from training.run.driver import EnvRunnersDidNotStart, _build_algo
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from infra.endpoints import Endpoints
 from infra.topology import Topology
-from training.local.endpoints import local_endpoints
+from training.local.local_endpoints import local_endpoints
+from training.probe.preflight import NodeRoom, PreflightError, check_resources
 from training.rllib.env_runner import EvaluationRunnerRefused, UEEnvRunner
 from training.run.evaluation import (
     EvalError,
@@ -22,7 +23,6 @@ from training.run.evaluation import (
     policy_stats,
     weights_fingerprint,
 )
-from training.run.preflight import NodeRoom, PreflightError, check_resources
 
 
 def endpoints(workers: int = 2) -> Endpoints:

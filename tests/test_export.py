@@ -21,7 +21,8 @@ from training.export.exporter import export_checkpoint, export_modules, listing
 from training.export.interface import ExportError, PolicyInterface, policy_interface
 from training.export.onnx_policy import OPSET, ActionSettings
 from training.mock_ue.scenarios import SCENARIOS, TWO_TEAMS
-from training.protocol.game_spec import AgentSpec, GameSpec
+from training.policies.game_spec import GameSpec
+from training.protocol.game_definition import AgentSpec
 from training.run import checkpoints
 
 

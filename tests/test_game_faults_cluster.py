@@ -17,7 +17,7 @@ import pytest
 import ray
 
 from infra.topology import Topology
-from training.local.endpoints import local_endpoints
+from training.local.local_endpoints import local_endpoints
 from training.local.ray_cluster import LocalRayCluster, node_specs
 from training.mock_ue import MockUEServer
 from training.rllib import hparams as hp

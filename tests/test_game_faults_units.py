@@ -12,10 +12,11 @@ import gymnasium as gym
 import pytest
 
 from infra.topology import Topology
-from training.local.endpoints import local_endpoints
+from training.local.local_endpoints import local_endpoints
 from training.local.restart_policy import RestartPolicy
+from training.policies.game_spec import GameSpec
 from training.protocol.errors import UEConnectionError
-from training.protocol.game_spec import AgentSpec, GameSpec
+from training.protocol.game_definition import AgentSpec
 from training.rllib.algorithm import build_algo_config
 from training.rllib.env_runner import UEEnvRunner, _game_fault
 from training.rllib.game_health import GameHealth

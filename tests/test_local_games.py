@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from infra.topology import Topology
+from training.clients.game_client import GymClient
 from training.local import processes
-from training.local.endpoints import local_endpoints
 from training.local.games import LocalGamesError, LocalMockGames
-from training.protocol.client import GymClient
-from training.run.preflight import grpc_ready
+from training.local.local_endpoints import local_endpoints
+from training.probe.preflight import grpc_ready
 
 
 def test_games_listen_on_base_port_plus_worker_index_and_discovery_on_base(
@@ -159,7 +159,7 @@ def test_a_game_past_its_restart_cap_is_given_up_with_a_reason_naming_it(
 def test_plaintext_games_are_served_by_the_compiled_server_tls_games_by_grpc_python(
     tmp_path: Path,
 ) -> None:
-    from training import native_client
+    from training.clients import native
 
     plain = LocalMockGames(workers=1, env_id="CartPole-v1", envs_per_game=1, run_dir=tmp_path)
     tls = LocalMockGames(
@@ -169,7 +169,7 @@ def test_plaintext_games_are_served_by_the_compiled_server_tls_games_by_grpc_pyt
         run_dir=tmp_path,
         extra_args=["--tls-cert", "c.pem", "--tls-key", "k.pem"],
     )
-    assert plain.transport == ("native" if native_client.available() else "grpcio")
+    assert plain.transport == ("native" if native.available() else "grpcio")
     assert tls.transport == "grpcio"
     with plain as games:
         (game,) = games.games

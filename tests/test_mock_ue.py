@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from training.clients.game_client import GymClient
 from training.mock_ue import MockUEServer, scenario_for, wire
 from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol._generated import schola_gym_pb2_grpc as pb_grpc
-from training.protocol.client import GymClient
 from training.protocol.errors import UEProtocolError
 
 MockFactory = Callable[..., MockUEServer]

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from test_decode_fuzz import STEP, _captured_replies, mutant
 
-from training import native_client
+from training.clients import native
+from training.clients.native import NativeStepCodec
 from training.mock_ue import TWO_TEAMS, MockUEServer
-from training.native_client import NativeStepCodec
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol.step_codec import PythonStepCodec
 from training.protocol.step_layout import StepLayout, WireError
@@ -28,7 +28,7 @@ from training.rllib.vector_env import UEVectorEnv
 
 MockFactory = Callable[..., MockUEServer]
 
-if not native_client.available():
+if not native.available():
     if shutil.which("cargo"):
         pytest.fail("cargo is here but the compiled client is not built: run `make setup`")
     pytest.skip("no Rust toolchain: the compiled client is not built", allow_module_level=True)
@@ -244,8 +244,9 @@ def test_a_closed_env_is_not_reconnected_by_the_compiled_step(mock_ue: MockFacto
 def test_each_client_runs_a_session_against_the_compiled_server(
     mock_ue: MockFactory, client: str
 ) -> None:
-    from training.protocol.client import UPDATE_STATE, GymClient
-    from training.protocol.transport import CallError, open_transport
+    from training.clients.choice import open_transport
+    from training.clients.game_client import UPDATE_STATE, GymClient
+    from training.protocol.transport import CallError
 
     server = mock_ue("CartPole-v1", num_envs=2, transport="native")
     transport = open_transport(server.address, None, client)

@@ -15,7 +15,8 @@ from training.policies.configurations import (
     PolicyConfigurationError,
     PolicyMapping,
 )
-from training.protocol.game_spec import AgentSpec, GameSpec
+from training.policies.game_spec import GameSpec
+from training.protocol.game_definition import AgentSpec
 from training.rllib.hparams import HyperparameterError
 from training.run import checkpoints
 from training.run.driver import TrainOptions, _policies

@@ -8,9 +8,9 @@ import pytest
 
 from training.local.ray_cluster import NODE_IP, LocalRayCluster, node_specs
 from training.mock_ue import TWO_TEAMS, MockUEServer
+from training.probe.discovery import discover
 from training.rllib.algorithm import build_ppo_config
 from training.rllib.env_runner import UEConnection
-from training.run.discovery import discover
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from grpc_health.v1 import health, health_pb2_grpc
 from infra.endpoints import Endpoints, Resources
 from infra.topology import Topology
 from training.local import processes
-from training.local.endpoints import local_endpoints
+from training.local.local_endpoints import local_endpoints
 from training.local.ray_cluster import LocalRayCluster, node_specs
-from training.run.preflight import PreflightError, preflight
+from training.probe.preflight import PreflightError, preflight
 
 # Generous sanity bound: preflight must never hang; it answers in seconds.
 BOUND_S = 60.0
@@ -177,7 +177,7 @@ def _ray_client_listener() -> socket.socket:
 def test_a_ray_client_server_that_dies_at_start_is_asked_once_more(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.run import preflight as pf
+    from training.probe import preflight as pf
 
     calls: list[str] = []
 
@@ -205,7 +205,7 @@ def test_a_ray_client_server_that_dies_at_start_is_asked_once_more(
 def test_other_ray_client_failures_and_a_second_one_are_not_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from training.run import preflight as pf
+    from training.probe import preflight as pf
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "shutdown", lambda: None)

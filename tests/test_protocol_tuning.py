@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from training.protocol.grpc_tuning import LOW_LATENCY_EXPERIMENTS
+from training.clients.grpc_tuning import LOW_LATENCY_EXPERIMENTS
 
 
 def _run(code: str, env_extra: dict[str, str] | None = None) -> str:
@@ -28,7 +28,7 @@ def test_importing_the_env_runner_module_does_not_load_grpc() -> None:
 
 def test_setting_is_applied_in_a_fresh_process() -> None:
     code = (
-        "import os; from training.protocol.grpc_tuning import apply_low_latency_defaults as a;"
+        "import os; from training.clients.grpc_tuning import apply_low_latency_defaults as a;"
         "print(a(), os.environ['GRPC_EXPERIMENTS'])"
     )
     assert _run(code) == f"True {LOW_LATENCY_EXPERIMENTS}"
@@ -37,7 +37,7 @@ def test_setting_is_applied_in_a_fresh_process() -> None:
 @pytest.mark.parametrize("preset", ["", "some_experiment"])
 def test_an_explicit_grpc_experiments_setting_wins(preset: str) -> None:
     code = (
-        "import os; from training.protocol.grpc_tuning import apply_low_latency_defaults as a;"
+        "import os; from training.clients.grpc_tuning import apply_low_latency_defaults as a;"
         "print(a(), repr(os.environ['GRPC_EXPERIMENTS']))"
     )
     assert _run(code, {"GRPC_EXPERIMENTS": preset}) == f"False {preset!r}"
@@ -46,7 +46,7 @@ def test_an_explicit_grpc_experiments_setting_wins(preset: str) -> None:
 def test_nothing_changes_once_grpc_is_loaded() -> None:
     code = (
         "import grpc, os\n"
-        "from training.protocol.grpc_tuning import apply_low_latency_defaults as a\n"
+        "from training.clients.grpc_tuning import apply_low_latency_defaults as a\n"
         "print(a(), 'GRPC_EXPERIMENTS' in os.environ)"
     )
     assert _run(code) == "False False"

@@ -2,9 +2,9 @@
 
 from infra.components.instances import UeGames
 from infra.components.network_policies import StackNetworkPolicies
-from infra.components.operator import KubeRayOperator
-from infra.components.raycluster import UerlRayCluster
-from infra.components.volume import UeExecutablesVolume
+from infra.components.operator_component import KubeRayOperator
+from infra.components.raycluster_component import UerlRayCluster
+from infra.components.volume_component import UeExecutablesVolume
 
 __all__ = [
     "KubeRayOperator",

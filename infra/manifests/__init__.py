@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.manifests import (
-    endpoints,
+    endpoints_configmap,
     namespace,
     network_policy,
     operator,
@@ -68,7 +68,7 @@ def build(topology: Topology, project_root: Path = PROJECT_ROOT) -> Manifests:
         namespace=namespace.namespace(topology),
         pvc=volume.pvc(topology),
         loader_job=volume.loader_job(topology),
-        endpoints=endpoints.configmap(topology),
+        endpoints=endpoints_configmap.configmap(topology),
         raycluster=raycluster.raycluster(topology),
         ue_statefulset=simulator.statefulset(topology),
         ue_service=simulator.service(topology),

@@ -17,7 +17,7 @@ from typing import Any
 from infra.endpoints import HEAD_MOUNT_DIR
 from infra.manifests import game_tls, pod_security, simulator, volume
 from infra.manifests.common import K8sObject, await_annotations, fixed_resources, labels, metadata
-from infra.manifests.endpoints import configmap_name
+from infra.manifests.endpoints_configmap import configmap_name
 from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, Topology
 
 APP_NAME = "ray"

@@ -35,7 +35,7 @@ create_exception!(
     "Bytes that are not what the protocol says: the message names the environment and agent."
 );
 
-// Leaf kinds, as `training/native_client/layout.py` numbers them.
+// Leaf kinds, as `training/protocol/step_layout.py` numbers them.
 const BOX: u8 = 0;
 const DISCRETE: u8 = 1;
 const MULTI_DISCRETE: u8 = 2;

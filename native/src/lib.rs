@@ -1,4 +1,4 @@
-//! uerl's compiled game client, loaded by `training/native_client/`.
+//! uerl's compiled game client, loaded by `training/clients/` (`native.py`).
 //!
 //! Two jobs, each behind a small Python-facing class:
 //! - `Channel`: the gRPC transport (tonic on a single-threaded tokio runtime driven by

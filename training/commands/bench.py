@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from training.local.games import start_mock_at
 
 
 @dataclass
@@ -181,43 +182,11 @@ def start_mock(
     return proc, proc.address  # type: ignore[attr-defined]
 
 
-def start_mock_at(env_id: str, num_envs: int, port: int, transport: str) -> subprocess.Popen[str]:
-    """`uerl mock-ue` on `port` (0: any); RuntimeError if it does not start."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "training.cli",
-            "mock-ue",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--envs",
-            str(num_envs),
-            "--env",
-            env_id,
-            "--transport",
-            transport,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"mock-ue did not start: {line!r}")
-    proc.address = line.split("listening on ", 1)[1].split()[0]  # type: ignore[attr-defined]
-    return proc
-
-
 def client_paths() -> list[str]:
     """The clients to measure: gRPC Python always, the compiled one when it is built."""
-    from training import native_client
+    from training.clients import native
 
-    return ["python", "native"] if native_client.available() else ["python"]
+    return ["python", "native"] if native.available() else ["python"]
 
 
 def run(
@@ -228,13 +197,13 @@ def run(
     per step over all slices."""
     import gymnasium as gym
 
-    from training import native_client
+    from training.clients import native
 
     probe = gym.make(env_id)
     actions = _actions(probe.action_space, num_envs, 256)
     probe.close()
     clients = client_paths()
-    server = "native" if native_client.available() else "grpcio"
+    server = "native" if native.available() else "grpcio"
     names = ["in_process", *clients]
     tallies = {name: _Tally() for name in names}
     procs = []
@@ -295,7 +264,7 @@ LABELS = {
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from training.protocol.grpc_tuning import apply_low_latency_defaults
+    from training.clients.grpc_tuning import apply_low_latency_defaults
 
     apply_low_latency_defaults()  # as the mock server and the env runners do
     result = run(args.env, args.envs, args.seconds, args.rounds)

@@ -84,7 +84,7 @@ def _games(
     env_id: str, envs: int, count: int, server: str
 ) -> tuple[list[subprocess.Popen[str]], int]:
     """`count` mock games on consecutive ports base+1..base+count (`per_worker` offsets)."""
-    from training.commands.bench import start_mock_at
+    from training.local.games import start_mock_at
     from training.local.processes import free_port
 
     for _attempt in range(20):
@@ -107,14 +107,14 @@ def run(
     import ray
     from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
 
-    from training import native_client
+    from training.clients import native
+    from training.clients.game_client import GymClient
     from training.local.ray_cluster import NODE_IP, LocalRayCluster, NodeSpec
-    from training.protocol.client import GymClient
-    from training.protocol.game_spec import game_spec_from_definition
+    from training.policies.game_spec import game_spec_from_definition
     from training.rllib.algorithm import build_ppo_config
     from training.rllib.env_runner import UEConnection
 
-    server = "native" if native_client.available() else "grpcio"
+    server = "native" if native.available() else "grpcio"
     paths = ["in_process", *clients]
     figures = {p: E2EFigures(p, envs_per_game) for p in paths}
     procs: list[subprocess.Popen[str]] = []

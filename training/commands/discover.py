@@ -24,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from training.probe.discovery import discover
     from training.protocol.errors import UEError
-    from training.run.discovery import discover
     from training.tls.config import TLSConfig
 
     try:

@@ -33,7 +33,7 @@ from training.commands.training_options import add_training_args, options_from_a
 if TYPE_CHECKING:
     from infra.endpoints import Endpoints
     from infra.topology import Topology
-    from training.local.game_tls import TLSMode
+    from training.local.local_game_tls import TLSMode
     from training.local.session import Work
     from training.run.stop import StopRequest
 
@@ -129,7 +129,7 @@ def _topology_sets(args: argparse.Namespace) -> list[str]:
 
 
 def _load_topology(args: argparse.Namespace) -> Topology:
-    from training.local.topology import load_topology
+    from training.local.local_topology import load_topology
 
     return load_topology(
         stack=None if args.topology else args.stack,
@@ -182,7 +182,7 @@ def main(argv: Sequence[str]) -> int:
     if argv[:1] == ["scale"]:
         return main_scale(argv[1:])
     args = build_parser().parse_args(argv)
-    from training.local.topology import StackConfigError
+    from training.local.local_topology import StackConfigError
     from training.rllib.hparams import HyperparameterError
     from training.run.checkpoints import CheckpointError
 
@@ -225,7 +225,7 @@ def main(argv: Sequence[str]) -> int:
 
 def main_eval(argv: Sequence[str]) -> int:
     args = build_eval_parser().parse_args(list(argv))
-    from training.local.topology import StackConfigError
+    from training.local.local_topology import StackConfigError
     from training.run.checkpoints import CheckpointError, resolve_checkpoint
 
     try:
@@ -272,7 +272,7 @@ def serve_instructions(dashboard_url: str, endpoints_file: Path) -> str:
 def main_serve(argv: Sequence[str]) -> int:
     args = build_serve_parser().parse_args(list(argv))
     args.dashboard = True  # the point of serving: the job API
-    from training.local.topology import StackConfigError
+    from training.local.local_topology import StackConfigError
 
     try:
         topology = _load_topology(args)

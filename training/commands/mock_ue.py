@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from training.protocol.grpc_tuning import apply_low_latency_defaults
+    from training.clients.grpc_tuning import apply_low_latency_defaults
 
     apply_low_latency_defaults()  # before grpc loads
     from training.mock_ue import MockUEServer  # grpc/gymnasium only when actually serving

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    from training.local.topology import StackConfigError, load_topology
+    from training.local.local_topology import StackConfigError, load_topology
     from training.tls import certificates
 
     try:

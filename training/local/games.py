@@ -252,10 +252,10 @@ class LocalMockGames(processes.StartedGroup):
     def transport(self) -> str:
         """The compiled server when built (its CPU per call is a ninth of gRPC Python's, and
         the games share the cores with training here); gRPC Python for TLS games."""
-        from training import native_client
+        from training.clients import native
 
         tls = any(arg.startswith("--tls") for arg in self.extra_args)
-        return "native" if native_client.available() and not tls else "grpcio"
+        return "native" if native.available() and not tls else "grpcio"
 
     # ------------------------------------------------------------------ supervision
 
@@ -322,3 +322,35 @@ class LocalMockGames(processes.StartedGroup):
                     f"{processes.tail(game.log)}"
                 )
             time.sleep(0.1)
+
+
+def start_mock_at(env_id: str, num_envs: int, port: int, transport: str) -> subprocess.Popen[str]:
+    """`uerl mock-ue` on `port` (0: any); RuntimeError if it does not start."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "training.cli",
+            "mock-ue",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--envs",
+            str(num_envs),
+            "--env",
+            env_id,
+            "--transport",
+            transport,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"mock-ue did not start: {line!r}")
+    proc.address = line.split("listening on ", 1)[1].split()[0]  # type: ignore[attr-defined]
+    return proc

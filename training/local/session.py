@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from infra.endpoints import Endpoints
     from infra.topology import Topology
-    from training.local.game_tls import TLSMode
     from training.local.games import LocalMockGames
+    from training.local.local_game_tls import TLSMode
     from training.run.stop import StopRequest
 
 # What runs against the started topology (training, evaluation, or both): its exit code.
@@ -43,9 +43,9 @@ def run_local(
 ) -> int:
     """Start the topology, run `work` against its endpoints (the `uerl train` / `uerl eval`
     code paths), stop it all."""
-    from training.local.endpoints import local_endpoints
-    from training.local.game_tls import throwaway
     from training.local.games import LocalGamesError, LocalMockGames
+    from training.local.local_endpoints import local_endpoints
+    from training.local.local_game_tls import throwaway
     from training.local.ray_cluster import LocalClusterError, LocalRayCluster, node_specs
     from training.local.scaling import LocalScaler
     from training.run.stop import StopRequest

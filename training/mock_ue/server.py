@@ -29,7 +29,7 @@ from training.mock_ue.scenarios import Scenario, scenario_for
 from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol._generated import schola_gym_pb2_grpc as pb_grpc
-from training.protocol.client import MAX_MESSAGE_BYTES
+from training.protocol.transport import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 

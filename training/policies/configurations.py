@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from training.policies.self_play import LEARNER
 
 if TYPE_CHECKING:
-    from training.protocol.game_spec import AgentSpec
+    from training.protocol.game_definition import AgentSpec
 
 PolicyConfiguration = Literal["by_type", "shared", "independent", "self_play", "ctde"]
 CONFIGURATIONS: tuple[str, ...] = get_args(PolicyConfiguration)

@@ -1,6 +1,6 @@
 """The step path's codec in Python: actions -> `StateUpdate` bytes, `State` bytes -> columns.
 
-The reference for the compiled codec (`training.native_client.NativeStepCodec`): same
+The reference for the compiled codec (`training.clients.native.NativeStepCodec`): same
 columns, same errors, checked against each other on the same replies by the tests.
 Replies are checked environment by environment, agent by agent, so the first fault
 found, and its message, are the compiled codec's too.
@@ -136,14 +136,3 @@ class StepCodec(Protocol):
     def encode(self, num_envs: int, actions: list[ActionColumn]) -> bytes: ...
 
     def decode(self, data: bytes) -> tuple[int, list[AgentColumns]]: ...
-
-
-def open_step_codec(layout: StepLayout, choice: str | None = None) -> StepCodec:
-    """The compiled codec when built (and not `UERL_GAME_CLIENT=python`), else this one."""
-    from training import native_client
-    from training.protocol.transport import client_choice
-
-    choice = choice or client_choice()
-    if choice == "python" or (choice == "auto" and not native_client.available()):
-        return PythonStepCodec(layout)
-    return native_client.NativeStepCodec(layout)

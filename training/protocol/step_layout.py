@@ -1,7 +1,7 @@
 """The step path of a game, flat: per agent, its observation leaves and its action kind.
 
 Both step codecs (`step_codec.PythonStepCodec` and the compiled
-`training.native_client.NativeStepCodec`) speak in these terms: actions go in as one
+`training.clients.native.NativeStepCodec`) speak in these terms: actions go in as one
 `ActionColumn` per agent, replies come out as one `AgentColumns` per agent, with
 every leaf's values flat in the wire's element type. What a space means (shape,
 dtype, Dict nesting) is applied here, once, for both.

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.endpoints import Endpoints
-from training.protocol.game_spec import GameSpec, same_agents
+from training.policies.game_spec import GameSpec
+from training.protocol.game_definition import same_agents
 from training.rescale.admission import Admission
 from training.rescale.endpoints_watch import EndpointsWatch
 from training.rescale.plan import Runner, game_name, plan_rescale
@@ -153,7 +154,7 @@ class Rescaler:
         """Ask a new game for its definition from the driver, where the driver can reach it
         (networked, local); a sidecar game is reached only from its node: its runner's
         constructor asks it instead."""
-        from training.run.discovery import discover
+        from training.probe.discovery import discover
         from training.tls.config import for_games
 
         endpoints = self.endpoints
@@ -177,7 +178,7 @@ class Rescaler:
         return None
 
     def _free_units(self) -> int:
-        from training.run.preflight import node_rooms
+        from training.probe.preflight import node_rooms
 
         rooms = node_rooms(self.endpoints.custom_resource)
         return sum(int(room.custom + 1e-9) for room in rooms)
@@ -188,7 +189,7 @@ class Rescaler:
         if not self.admission.given_up:
             self._units = None
             return
-        from training.run.preflight import node_rooms
+        from training.probe.preflight import node_rooms
 
         units = sum(room.custom_total for room in node_rooms(self.endpoints.custom_resource))
         if self._units is not None and units != self._units:

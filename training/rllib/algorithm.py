@@ -15,9 +15,9 @@ import gymnasium as gym
 
 from infra.endpoints import Endpoints
 from training.policies.configurations import PolicyConfigurationError, PolicyMapping
+from training.policies.game_spec import GameSpec
 from training.policies.outcomes import SelfPlayOutcomes
 from training.policies.self_play import LEARNER, SelfPlayMapping, SelfPlaySettings
-from training.protocol.game_spec import GameSpec
 from training.rllib import hparams as hp
 from training.rllib.env_runner import ENV_CONFIG_KEY, UEConnection, UEEnvRunner
 

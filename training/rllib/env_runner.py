@@ -31,11 +31,11 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED
 from infra.endpoints import worker_endpoint
 from training.policies.self_play import SelfPlayMapping
 from training.protocol.errors import UEError, UEProtocolError
-from training.protocol.game_spec import same_agents
+from training.protocol.game_definition import same_agents
+from training.rllib.console import retag_if_quiet
 from training.rllib.game_health import GameHealth
 from training.rllib.runner_registry import RunnerRegistry
 from training.rllib.shared_health import SharedGameHealth
-from training.run.console import retag_if_quiet
 
 if TYPE_CHECKING:
     from training.tls.config import TLSConfig
@@ -64,7 +64,7 @@ class UEConnection(BaseModel):
     tls_cert_path: str | None = None
     tls_key_path: str | None = None
     # The game client: "auto" (compiled when built and the game is plaintext), "native"
-    # or "python" (training/native_client). None: the runner's UERL_GAME_CLIENT.
+    # or "python" (training/clients). None: the runner's UERL_GAME_CLIENT.
     client: Literal["auto", "native", "python"] | None = None
 
     def endpoint_for(self, worker_index: int) -> str:
@@ -167,7 +167,7 @@ class UEEnvRunner(MultiAgentEnvRunner):
     # ------------------------------------------------------------------ RLlib API
 
     def make_env(self) -> None:
-        from training.protocol.grpc_tuning import apply_low_latency_defaults
+        from training.clients.grpc_tuning import apply_low_latency_defaults
 
         apply_low_latency_defaults()  # no-op if grpc is already loaded in this worker
         self._open_game(startup_timeout_s=self.connection.startup_timeout_s)

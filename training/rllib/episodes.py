@@ -90,11 +90,11 @@ class PythonEpisodes:
 
 def open_episodes(agents: list[str], num_envs: int, choice: str | None = None) -> Episodes:
     """The compiled bookkeeping when built (and not `UERL_GAME_CLIENT=python`)."""
-    from training import native_client
-    from training.protocol.transport import client_choice
+    from training.clients import native
+    from training.clients.choice import client_choice
 
     choice = choice or client_choice()
-    if choice == "python" or (choice == "auto" and not native_client.available()):
+    if choice == "python" or (choice == "auto" and not native.available()):
         return PythonEpisodes(agents, num_envs)
     import uerl_native
 

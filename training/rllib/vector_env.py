@@ -18,13 +18,13 @@ import numpy as np
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 from ray.rllib.env.vector.vector_multi_agent_env import VectorMultiAgentEnv
 
-from training import native_client
+from training.clients import native
+from training.clients.choice import open_step_codec
+from training.clients.game_client import GymClient
 from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
-from training.protocol.client import GymClient
 from training.protocol.errors import UEProtocolError
-from training.protocol.game_spec import GameSpec, game_spec_from_definition
-from training.protocol.step_codec import open_step_codec
+from training.protocol.game_definition import GameDefinition, game_definition_from_proto
 from training.protocol.step_layout import AgentColumns, StepLayout, WireError
 from training.rllib.episodes import open_episodes
 from training.tls.config import TLSConfig
@@ -39,7 +39,7 @@ class UESubEnv(MultiAgentEnv):
     the vector env so that all environments share one RPC.
     """
 
-    def __init__(self, game: GameSpec, index: int) -> None:
+    def __init__(self, game: GameDefinition, index: int) -> None:
         self.possible_agents = sorted(game.agents)
         self.agents = list(self.possible_agents)
         super().__init__()
@@ -83,7 +83,7 @@ class UEVectorEnv(VectorMultiAgentEnv):
         )
         try:
             self.client.connect(pb.NEXT_STEP)
-            self.game = game_spec_from_definition(self.client.training_definition(), endpoint)
+            self.game = game_definition_from_proto(self.client.training_definition(), endpoint)
         except BaseException:
             self.client.close()
             raise
@@ -102,10 +102,10 @@ class UEVectorEnv(VectorMultiAgentEnv):
         self.layout = StepLayout(self.single_observation_spaces, self.single_action_spaces)
         self.codec = open_step_codec(self.layout, client)
         self.episodes = open_episodes(self.possible_agents, self.num_envs, client)
-        # Everything compiled: one call per step (see training/native_client/vector_step.py).
+        # Everything compiled: one call per step (see training/clients/native_vector_step.py).
         self._fast_step = None
-        if native_client.available():
-            from training.native_client.vector_step import NativeVectorStep
+        if native.available():
+            from training.clients.native_vector_step import NativeVectorStep
 
             if NativeVectorStep.fits(self.client, self.codec, self.episodes):
                 self._fast_step = NativeVectorStep(

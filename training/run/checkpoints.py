@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from training.policies.game_spec import GameSpec
     from training.policies.self_play import League
-    from training.protocol.game_spec import GameSpec
 
 T = TypeVar("T")
 
@@ -111,7 +111,7 @@ def _read_optional(file: Path, parse: Callable[[str], T], what: str) -> T | None
 
 def read_game(path: Path) -> GameSpec | None:
     """The game a checkpoint was trained for, or None for checkpoints without `game.json`."""
-    from training.protocol.game_spec import GameSpec
+    from training.policies.game_spec import GameSpec
 
     return _read_optional(path / GAME, GameSpec.from_json, "a game definition")
 

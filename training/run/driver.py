@@ -19,14 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from infra.endpoints import Endpoints
 from training.policies.configurations import DEFAULT as DEFAULT_POLICIES
 from training.policies.configurations import PolicyConfiguration
-from training.policies.league_driver import LeagueDriver
+from training.policies.game_spec import GameSpec
 from training.policies.self_play import League, SelfPlaySettings
-from training.protocol.game_spec import GameSpec
 from training.rescale.endpoints_watch import EndpointsWatch
 from training.rescale.rescaler import Rescaler
+from training.rllib.console import RayConsole
 from training.rllib.hparams import Algo
 from training.run import checkpoints, metrics
-from training.run.console import RayConsole
+from training.run.league import LeagueDriver
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
 from training.run.tensorboard import TensorBoardWriter
@@ -149,9 +149,9 @@ def _run_training(
 ) -> TrainResult:
     import ray
 
+    from training.probe.discovery import discover_game
+    from training.probe.preflight import preflight
     from training.rllib.algorithm import build_algo_config
-    from training.run.discovery import discover_game
-    from training.run.preflight import preflight
 
     console.quiet_driver_loggers()  # RLlib's logger exists once it is imported
     stop = stop or StopRequest()

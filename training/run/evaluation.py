@@ -32,16 +32,16 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.endpoints import Endpoints
-from training.policies.opponents import (
+from training.policies.self_play import Outcomes
+from training.rllib.console import RayConsole
+from training.run import checkpoints
+from training.run.opponents import (
     OPPONENT,
     Opponent,
     learner_outcomes,
     resolve_opponent,
     with_opponent,
 )
-from training.policies.self_play import Outcomes
-from training.run import checkpoints
-from training.run.console import RayConsole
 
 Log = Callable[[str], None]
 REPORT_NAME = "eval.json"
@@ -255,10 +255,10 @@ def _run_eval(
 ) -> EvalReport:
     import ray
 
+    from training.probe.discovery import discover_game
+    from training.probe.preflight import preflight
     from training.rllib.algorithm import build_algo_config
-    from training.run.discovery import discover_game
     from training.run.driver import print_line
-    from training.run.preflight import preflight
 
     console.quiet_driver_loggers()  # RLlib's logger exists once it is imported
     log = log or print_line

@@ -7,13 +7,13 @@ from pathlib import Path
 
 from infra.endpoints import EndpointsError
 from training.policies.configurations import PolicyConfigurationError
-from training.policies.opponents import OpponentError
+from training.probe.discovery import DiscoveryError
+from training.probe.preflight import PreflightError
 from training.protocol.errors import UEError
 from training.rllib.hparams import HyperparameterError
 from training.run.checkpoints import CheckpointError
-from training.run.discovery import DiscoveryError
 from training.run.driver import EnvRunnersDidNotStart
-from training.run.preflight import PreflightError
+from training.run.opponents import OpponentError
 
 # Errors whose message already says what is wrong and where.
 USER_ERRORS: tuple[type[BaseException], ...] = (

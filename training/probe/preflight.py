@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from infra.endpoints import Endpoints
-from training.run.on_worker_node import WorkerNodeTaskError, run_on_worker_node
+from training.probe.on_worker_node import WorkerNodeTaskError, run_on_worker_node
 from training.tls.config import TLSConfig, for_games
 
 _EPS = 1e-9

@@ -1,26 +1,19 @@
-"""What a game hosts: its environments, agents, spaces and the policy layout.
+"""What a game hosts: its environments, their agents and the agents' spaces.
 
-`GameSpec` is plain data: picklable (returned from Ray tasks) and JSON
-round-trippable (`uerl discover --json`), with the policy layout derived from its
-policy configuration (`training.policies`): by default agent types (agents of one
-type share a policy, as in Schola).
-`game_spec_from_definition` builds it from a `TrainingDefinition` message.
+`GameDefinition` is plain data: picklable (returned from Ray tasks) and JSON
+round-trippable (`uerl discover --json`). It says nothing of how a run trains the
+agents: that is `training.policies.game_spec.GameSpec`, a definition plus a policy
+configuration. `game_definition_from_proto` builds it from a `TrainingDefinition`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
-from training.policies.configurations import DEFAULT as DEFAULT_POLICIES
-from training.policies.configurations import (
-    PolicyConfiguration,
-    check_configuration,
-    policy_mapping,
-)
 from training.protocol.errors import UEProtocolError
 
 JSON_VERSION = 1
@@ -38,42 +31,18 @@ class AgentSpec:
 
 
 @dataclass(frozen=True)
-class GameSpec:
+class GameDefinition:
     """What one game instance hosts: `num_envs` identical environments of `agents`."""
 
     num_envs: int
     agents: dict[str, AgentSpec]
     endpoint: str = ""
-    # Which policy each agent acts with (training.policies); one per agent type by default.
-    policies: PolicyConfiguration = DEFAULT_POLICIES
-
-    def with_policies(self, configuration: str) -> GameSpec:
-        """This game trained with another policy configuration (checked against its agents)."""
-        spec = replace(self, policies=check_configuration(configuration))
-        spec.policy_mapping()  # raises PolicyConfigurationError naming the agents
-        return spec
 
     def signature(self) -> dict[str, Any]:
         """What a game instance must match to join a run: its environments and agents, not
         where it is or how the run maps its agents to policies."""
         data = self.to_dict()
         return {k: data[k] for k in ("version", "num_envs", "agents")}
-
-    def policy_ids(self) -> list[str]:
-        """The policies of this configuration, sorted."""
-        return sorted(set(self.policy_mapping().values()))
-
-    def policy_mapping(self) -> dict[str, str]:
-        """Agent id -> policy id."""
-        return policy_mapping(self.agents, self.policies)
-
-    def policy_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
-        """Policy id -> (observation space, action space); agents sharing a policy agree."""
-        out: dict[str, tuple[gym.Space, gym.Space]] = {}
-        for aid, pid in self.policy_mapping().items():
-            spec = self.agents[aid]
-            out.setdefault(pid, (spec.observation_space, spec.action_space))
-        return out
 
     # ------------------------------------------------------------------ serialisation
 
@@ -92,20 +61,18 @@ class GameSpec:
                 }
                 for aid, spec in sorted(self.agents.items())
             },
-            "policy_configuration": self.policies,
-            "policies": self.policy_ids(),
-            "policy_mapping": self.policy_mapping(),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GameSpec:
+    @staticmethod
+    def fields_from_dict(data: dict[str, Any]) -> dict[str, Any]:
+        """The constructor's arguments from `to_dict`'s output (ValueError if unsupported)."""
         from training.protocol.spaces import space_from_json
 
         if data.get("version") != JSON_VERSION:
-            raise ValueError(f"unsupported GameSpec version {data.get('version')!r}")
+            raise ValueError(f"unsupported game definition version {data.get('version')!r}")
         agents = {
             aid: AgentSpec(
                 agent_type=a["agent_type"],
@@ -114,19 +81,22 @@ class GameSpec:
             )
             for aid, a in data["agents"].items()
         }
-        return cls(
-            num_envs=int(data["num_envs"]),
-            agents=agents,
-            endpoint=data.get("endpoint", ""),
-            policies=check_configuration(data.get("policy_configuration", DEFAULT_POLICIES)),
-        )
+        return {
+            "num_envs": int(data["num_envs"]),
+            "agents": agents,
+            "endpoint": data.get("endpoint", ""),
+        }
 
     @classmethod
-    def from_json(cls, text: str) -> GameSpec:
+    def from_dict(cls, data: dict[str, Any]) -> GameDefinition:
+        return cls(**cls.fields_from_dict(data))
+
+    @classmethod
+    def from_json(cls, text: str) -> GameDefinition:
         return cls.from_dict(json.loads(text))
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, GameSpec):
+        if not isinstance(other, GameDefinition):
             return NotImplemented
         return self.to_dict() == other.to_dict()
 
@@ -139,7 +109,7 @@ def same_agents(signature: dict[str, Any], other: dict[str, Any]) -> bool:
     return {**signature, "num_envs": 0} == {**other, "num_envs": 0}
 
 
-def game_spec_from_definition(definition: Any, endpoint: str) -> GameSpec:
+def game_definition_from_proto(definition: Any, endpoint: str) -> GameDefinition:
     """Build a GameSpec from a `TrainingDefinition`, checking what clients rely on:
     at least one environment, every environment identical to environment 0, and
     agents of one type sharing spaces."""
@@ -178,14 +148,16 @@ def game_spec_from_definition(definition: Any, endpoint: str) -> GameSpec:
         except CodecError as exc:
             raise UEProtocolError(endpoint, op, str(exc)) from exc
         agents[aid] = AgentSpec(definition_.agent_type, obs, act)
-    spec = GameSpec(num_envs=len(envs), agents=agents, endpoint=endpoint)
-    for aid, pid in spec.policy_mapping().items():
-        ref_obs, ref_act = spec.policy_spaces()[pid]
-        if agents[aid].observation_space != ref_obs or agents[aid].action_space != ref_act:
+    # Schola's convention: agents of one type share a policy, so they must share spaces.
+    first_of_type: dict[str, str] = {}
+    for aid, spec in agents.items():
+        type_ = spec.policy_id(aid)
+        ref = agents[first_of_type.setdefault(type_, aid)]
+        if spec.observation_space != ref.observation_space or spec.action_space != ref.action_space:
             raise UEProtocolError(
                 endpoint,
                 op,
-                f"agent {aid!r} has agent_type {pid!r} but different spaces from other agents "
+                f"agent {aid!r} has agent_type {type_!r} but different spaces from other agents "
                 "of that type; agents sharing a type share a policy and must share spaces",
             )
-    return spec
+    return GameDefinition(num_envs=len(envs), agents=agents, endpoint=endpoint)

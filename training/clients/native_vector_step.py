@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from training.native_client.step_codec import NativeStepCodec
-from training.native_client.transport import NativeTransport, call_error
-from training.protocol.client import UPDATE_STATE, GymClient
+from training.clients.game_client import UPDATE_STATE, GymClient
+from training.clients.native_step_codec import NativeStepCodec
+from training.clients.native_transport import NativeTransport, call_error
 from training.protocol.errors import UEProtocolError
 
 STEP = "UpdateState(step)"

@@ -1,4 +1,5 @@
-"""`Transport` over the compiled client: a tonic channel driven by the calling thread."""
+"""`Transport` over the compiled client: uerl's own blocking HTTP/2 channel
+(`native/src/transport.rs`, `http2.rs`) driven by the calling thread, one call at a time."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""uerl's compiled game client: the transport and the step codec in Rust (`native/`).
+"""uerl's compiled game client (`native/`, Rust exposed with PyO3): is it built?
 
-`make setup` builds it (tonic + prost, exposed with PyO3) when cargo is on the machine.
-It is chosen automatically for plaintext games; `UERL_GAME_CLIENT=python` forces gRPC
+`make setup` builds it when cargo is on the machine. It is chosen automatically for
+plaintext games (`training.clients.choice`); `UERL_GAME_CLIENT=python` forces gRPC
 Python, `=native` insists on this one. Without it every path works the same, slower.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from functools import cache
 from types import ModuleType
 
-from training.native_client.step_codec import NativeStepCodec
-from training.native_client.transport import NativeTransport
+from training.clients.native_step_codec import NativeStepCodec
+from training.clients.native_transport import NativeTransport
 
 __all__ = ["NativeStepCodec", "NativeTransport", "available", "module"]
 

@@ -17,15 +17,11 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
+from training.clients.choice import open_transport
+from training.clients.grpcio_transport import CHANNEL_OPTIONS
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol.errors import UEConnectionError, UEProtocolError
-from training.protocol.transport import (
-    CHANNEL_OPTIONS,
-    MAX_MESSAGE_BYTES,
-    CallError,
-    Transport,
-    open_transport,
-)
+from training.protocol.transport import MAX_MESSAGE_BYTES, CallError, Transport
 from training.tls.config import TLSConfig
 from training.tls.handshake import check_handshake, serves_tls
 
