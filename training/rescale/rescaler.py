@@ -14,13 +14,16 @@ from training.policies.game_spec import GameSpec
 from training.protocol.game_definition import same_agents
 from training.rescale.admission import Admission
 from training.rescale.endpoints_watch import EndpointsWatch
-from training.rescale.plan import Runner, game_name, plan_rescale
+from training.rescale.plan import RescalePlan, Runner, game_name, plan_rescale
 from training.rescale.runner_pool import JoinFailure, RunnerPool
 from training.rllib.runner_registry import RunnerRegistry
 
 Log = Callable[[str], None]
 # A probe of a new game from the driver: short, it runs between iterations.
 PROBE_TIMEOUT_S = 2.0
+# Sidecar pattern, shrink: how long the runners wait for KubeRay to delete the pods it
+# chose (then the runners on them leave); past it, the highest slots leave instead.
+SHRINK_SETTLE_S = 120.0
 
 
 class Rescaler:
@@ -52,6 +55,8 @@ class Rescaler:
         self._units: float | None = None
         # Runners that joined and have not yet reported a sample: {worker index: slot}.
         self._joined_not_sampling: dict[int, int] = {}
+        # Sidecar pattern: when a shrink was first seen (monotonic), until it is done.
+        self._shrink_since: float | None = None
 
     @property
     def runners(self) -> int:
@@ -78,7 +83,11 @@ class Rescaler:
                 self._noticed = started
                 self.admission.endpoints_changed()
         self._retry_given_up_on_new_nodes()
-        plan = plan_rescale(self.pool.runners.values(), self.wanted)
+        plan = (
+            self._tied_plan()
+            if self._tied_to_pods()
+            else plan_rescale(self.pool.runners.values(), self.wanted)
+        )
         self.admission.want(plan.add_slots)
         self.pool.cancel(set(self.pool.starting_slots()) - set(plan.add_slots))
         before = self.runners
@@ -122,6 +131,47 @@ class Rescaler:
 
     # -- internals -------------------------------------------------------------
 
+    def _tied_to_pods(self) -> bool:
+        """Sidecar games on Kubernetes: each lives in its runner's pod (localhost), not at
+        an address of its slot."""
+        endpoints = self.endpoints
+        routed = "{worker_index}" in endpoints.worker_url_template or (
+            endpoints.port_offset_mode == "per_worker"
+        )
+        return endpoints.pattern == "sidecar" and not routed
+
+    def _tied_plan(self) -> RescalePlan:
+        """On a shrink KubeRay deletes the worker pods it chooses: wait (up to
+        SHRINK_SETTLE_S) until the cluster has no more units of the custom resource than
+        games wanted, and remove the runners whose pod went. Runners are never removed
+        from pods that stay while others still go."""
+        runners = list(self.pool.runners.values())
+        if len(runners) <= self.wanted:
+            self._shrink_since = None
+            return plan_rescale(runners, self.wanted, tied_to_pods=True)
+        from training.probe.preflight import node_rooms
+        from training.rescale.runner_nodes import runners_whose_node_left
+
+        now = time.monotonic()
+        if self._shrink_since is None:
+            self._shrink_since = now
+        manager = self.pool.group._worker_manager
+        index_of = {r.actor_id: r.worker_index for r in runners}
+        actors = {aid: h for aid, h in manager.actors().items() if aid in index_of}
+        gone = frozenset(runners_whose_node_left(actors, index_of))
+        units = sum(room.custom_total for room in node_rooms(self.endpoints.custom_resource))
+        settled = units <= self.wanted + 1e-9
+        if not settled and now - self._shrink_since < SHRINK_SETTLE_S:
+            # Only the runners whose pod already went; the rest wait for KubeRay.
+            return plan_rescale(runners, len(runners) - len(gone), tied_to_pods=True, gone=gone)
+        if not settled:
+            self.log(
+                f"rescale: the cluster still has {units:g} unit(s) of "
+                f"{self.endpoints.custom_resource!r} after {SHRINK_SETTLE_S:.0f} s for "
+                f"{self.wanted} game(s); removing the runners of the highest slots"
+            )
+        return plan_rescale(runners, self.wanted, tied_to_pods=True, gone=gone)
+
     def _start_due(self) -> list[JoinFailure]:
         """Probe the games that are due; start a runner for each that answers, as far as
         Ray nodes have free units of the custom resource."""
@@ -158,10 +208,7 @@ class Rescaler:
         from training.tls.config import for_games
 
         endpoints = self.endpoints
-        routed = "{worker_index}" in endpoints.worker_url_template or (
-            endpoints.port_offset_mode == "per_worker"
-        )
-        if endpoints.pattern == "sidecar" and not routed:
+        if self._tied_to_pods():
             return None
         endpoint = endpoints.worker_endpoint(slot)
         try:
