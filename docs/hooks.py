@@ -12,4 +12,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return markdown
     from infra.topology_reference import markdown_table
 
-    return markdown.replace(PLACEHOLDER, markdown_table())
+    # A class for docs/stylesheets/extra.css: its field names never break inside a word.
+    table = f'<div class="topology-reference" markdown>\n\n{markdown_table()}\n\n</div>'
+    return markdown.replace(PLACEHOLDER, table)

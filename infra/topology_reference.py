@@ -136,7 +136,15 @@ def rows(model: type[BaseModel] = topology.Topology, prefix: str = "") -> list[R
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """Markdown for a table cell. A `|` outside code would end the cell, so it is escaped;
+    inside code it is left alone (Python-Markdown keeps a code span's pipes in its cell,
+    and would show a `\\|` there with its backslash)."""
+    parts = re.split(r"(`[^`]*`)", text.replace("\n", " "))
+    return "".join(p if p.startswith("`") else p.replace("|", "\\|") for p in parts)
+
+
+def _code(text: str) -> str:
+    return f"`{text}`"
 
 
 def markdown_table() -> str:
@@ -146,7 +154,7 @@ def markdown_table() -> str:
     ]
     for row in rows():
         lines.append(
-            f"| `{row.path}` | `{_cell(row.type)}` | `{_cell(row.default)}` | "
+            f"| `{row.path}` | {_code(row.type)} | {_code(row.default)} | "
             f"{_cell(row.constraint)} | {_cell(row.comment)} |"
         )
     return "\n".join(lines)

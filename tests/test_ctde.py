@@ -3,6 +3,8 @@ by all of them that sees every agent's observation, stepped once per update."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -13,12 +15,14 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from infra.endpoints import Endpoints
 from infra.topology import Topology
 from training.local.local_endpoints import local_endpoints
+from training.mock_ue import TWO_TEAMS
 from training.policies.configurations import PolicyConfigurationError
 from training.policies.ctde import GLOBAL_OBS, AddGlobalObservations, ctde_module_spec
 from training.policies.game_spec import GameSpec
+from training.probe.discovery import discover
 from training.protocol.game_definition import AgentSpec
 from training.rllib.algorithm import build_algo_config, build_ppo_config
-from training.rllib.env_runner import UEConnection
+from training.rllib.env_runner import UEConnection, UEEnvRunner
 
 SPOTTER_OBS = gym.spaces.Box(-1, 1, (4,), np.float32)
 RUNNER_OBS = gym.spaces.Box(-1, 1, (2,), np.float32)
@@ -160,3 +164,24 @@ def test_ctde_refuses_another_algorithm_than_ppo() -> None:
 def test_ctde_refuses_more_than_one_learner_naming_the_topology_field() -> None:
     with pytest.raises(PolicyConfigurationError, match=r"topology\.learners\.replicas"):
         build_algo_config(endpoints(2), relay_like())
+
+
+def test_a_runner_whose_game_agents_do_not_act_together_refuses_it_before_the_learner(
+    mock_ue: Any,
+) -> None:
+    # TwoTeams: each cart falls on its own, the pendulum swings on: not in lockstep.
+    server = mock_ue(TWO_TEAMS, num_envs=1)
+    game = GameSpec.of(discover(server.address, timeout_s=5), "ctde")
+    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
+    runner = UEEnvRunner(
+        config=build_ppo_config(game, connection, num_env_runners=1), worker_index=1
+    )
+    try:
+        returned = [e for _ in range(6) for e in runner.sample(num_timesteps=100)]
+        refused = runner.game_health().get("refused", "")
+    finally:
+        runner.stop()
+    assert refused.startswith("--policies ctde needs every agent to act at every step")
+    # Nothing the learner would get is out of step.
+    agent_spaces = {aid: spec.observation_space for aid, spec in game.agents.items()}
+    AddGlobalObservations(agent_spaces=agent_spaces)(rl_module=None, batch={}, episodes=returned)

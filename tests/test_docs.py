@@ -7,9 +7,11 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from doc_blocks import PROJECT_ROOT, all_blocks, missing_words
+import pytest
+from doc_blocks import PROJECT_ROOT, Block, all_blocks, commands_not_run
 
 from infra.topology_reference import markdown_table, rows
 
@@ -18,18 +20,52 @@ README_MAX_LINES = 150
 PLACEHOLDER = re.compile(r"^(HOST|PORT|FILE|DIR|HEAD|N|S|K|R|ID)(:|$)")
 
 
-def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
+@dataclass
+class Site:
+    directory: Path
+    build: subprocess.CompletedProcess[str]
+
+    def page(self, name: str) -> str:
+        return (self.directory / name / "index.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
+    directory = tmp_path_factory.mktemp("site")
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(directory)],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    topology = (tmp_path / "topology" / "index.html").read_text()
+    return Site(directory, done)
+
+
+def test_the_site_builds_in_strict_mode(site: Site) -> None:
+    assert site.build.returncode == 0, site.build.stdout + site.build.stderr
+    topology = site.page("topology")
     assert "workers.replicas" in topology and "<!-- topology-reference -->" not in topology
+
+
+def test_no_page_shows_an_escaped_pipe(site: Site) -> None:
+    # A `\|` written to keep a table cell whole shows its backslash inside code.
+    shown = [
+        str(page.relative_to(site.directory))
+        for page in sorted(site.directory.rglob("*.html"))
+        if "\\|" in page.read_text()
+    ]
+    assert shown == []
+    assert "<code>'sidecar' | 'networked'</code>" in site.page("topology")
+
+
+def test_the_home_page_draws_its_diagram_with_the_sites_own_mermaid(site: Site) -> None:
+    home = (site.directory / "index.html").read_text()
+    assert '<pre class="mermaid"><code>flowchart ' in home
+    # Material fetches mermaid.js from a CDN unless the page has it: the site ships it.
+    assert '<script src="javascripts/mermaid.min.js"></script>' in home
+    assert (site.directory / "javascripts" / "mermaid.min.js").stat().st_size > 1_000_000
 
 
 def test_the_topology_reference_has_a_row_with_a_meaning_for_every_field() -> None:
@@ -66,11 +102,35 @@ def test_commands_marked_run_by_are_in_the_files_that_run_them() -> None:
         for name in block.argument.split():
             if not (PROJECT_ROOT / name).exists():
                 problems.append(f"{block.where}: {name} does not exist")
-        for command, words in missing_words(block).items():
+        for command, parts in commands_not_run(block).items():
             problems.append(
-                f"{block.where}: {command!r}: {', '.join(words)} not in {block.argument}"
+                f"{block.where}: {command!r}: {', '.join(parts)} not run by {block.argument}"
             )
     assert problems == [], "\n".join(problems)
+
+
+def _shown(command: str, runner: Path) -> dict[str, list[str]]:
+    return commands_not_run(Block(runner, 1, "sh", command, "run-by", str(runner)))
+
+
+def test_a_shown_flags_value_is_the_one_the_test_passes_after_that_flag(tmp_path: Path) -> None:
+    runner = tmp_path / "test_x.py"
+    runner.write_text(
+        'ITERATIONS = 30\nrun("local", "--iterations", str(ITERATIONS), "--seed", "3")\n'
+    )
+    # "3" is in the file, but as --seed's value: the run is 30 iterations.
+    assert _shown("uerl local --iterations 3", runner) == {
+        "uerl local --iterations 3": ["--iterations 3"]
+    }
+    assert _shown("uerl local --iterations 30 --seed=3", runner) == {}
+
+
+def test_a_shown_word_must_be_a_whole_word_the_test_passes(tmp_path: Path) -> None:
+    runner = tmp_path / "test_x.py"
+    runner.write_text('run("local-eval", "--policies", configuration)\nPOLICIES = ["shared"]\n')
+    assert _shown("uerl local --policies shared", runner) == {
+        "uerl local --policies shared": ["local"]
+    }
 
 
 def test_not_run_blocks_give_a_reason() -> None:

@@ -202,3 +202,19 @@ def test_the_progress_line_shows_healthy_runners() -> None:
 def test_the_progress_line_shows_runners_without_a_report_apart() -> None:
     row = metrics.IterationRow(3, 6000, 30, 5.0, 400.0, 25.0, 25.0, 9000.0, 2, 3, 1)
     assert metrics.progress_line(row).endswith("| runners 2/3, 1 unknown")
+
+
+def test_a_runner_that_refused_its_game_stops_the_run_with_its_line_at_once() -> None:
+    board = RunnerHealthBoard(2, give_up_after_s=60)
+    refused = {**_report(2, healthy=True), "refused": "--policies ctde needs every agent to act"}
+    board.update([_report(1, healthy=True), refused])
+    assert board.give_up_reason() == (
+        "env runner 2 (127.0.0.1:5002): --policies ctde needs every agent to act"
+    )
+
+
+def test_a_refusal_is_kept_in_the_runners_reports() -> None:
+    health = GameHealth(1, "h:1")
+    health.refuse("first reason")
+    health.refuse("second reason")
+    assert health.report()["refused"] == health.report()["refused"] == "first reason"

@@ -193,3 +193,34 @@ def test_a_second_crash_or_an_error_exit_is_not_retried(
         with pytest.raises(LocalClusterError, match=f"worker1 exited with code {code}"):
             cluster._wait_started(node, time.monotonic() + 30)
         assert outcomes == []
+
+
+def test_worker_nodes_added_by_a_call_that_fails_are_stopped_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = LocalRayCluster(
+        [NodeSpec("head", "head", 0), NodeSpec("worker1", "worker", 1, 0, {"ue_worker": 1.0})],
+        log_dir=tmp_path,
+        stop_grace_s=2,
+    )
+    spawned: list[subprocess.Popen[bytes]] = []
+
+    def spawn(spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path]:
+        log = tmp_path / f"{spec.name}.log"
+        spawned.append(processes.spawn(["sleep", "60"], log_path=log))
+        return spawned[-1], log
+
+    def wait_started(node: object, deadline: float) -> None:
+        if node.spec.name == "worker3":  # type: ignore[attr-defined]
+            raise LocalClusterError("ray start for node worker3 exited with code 1")
+
+    monkeypatch.setattr(cluster, "_spawn", spawn)
+    monkeypatch.setattr(cluster, "_wait_started", wait_started)
+    try:
+        with pytest.raises(LocalClusterError, match="worker3"):
+            cluster.add_worker_nodes(2)
+        assert cluster.worker_nodes() == []
+        assert [s.name for s in cluster.specs] == ["head", "worker1"]
+        assert processes.alive({p.pid for p in spawned}) == set()
+    finally:
+        processes.terminate(spawned, grace_s=1)

@@ -177,3 +177,23 @@ def test_plaintext_games_are_served_by_the_compiled_server_tls_games_by_grpc_pyt
             client.connect()
             assert client.reset({0: 0}).initial_state.environment_states[0]
     assert games.stats["ue-1"]["sessions_opened"] == 1
+
+
+def test_a_grow_that_fails_stops_the_games_it_started_and_the_next_are_numbered_as_before(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with LocalMockGames(
+        workers=1, env_id="CartPole-v1", envs_per_game=1, run_dir=tmp_path
+    ) as games:
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", games.base_port + 3))  # ue-3's port, held by another
+        holder.listen()
+        with holder, pytest.raises(LocalGamesError, match="ue-3 needs port"):
+            games.add_worker_games(2)  # ue-2 starts, ue-3 cannot
+        started = games.pids()
+        assert [g.name for g in games.games] == ["ue-1"]
+        assert [g.name for g in games.add_worker_games(1)] == ["ue-2"]
+        assert games.worker_count() == 2
+    assert processes.alive(started | games.pids()) == set()

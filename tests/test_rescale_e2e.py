@@ -30,7 +30,9 @@ pytestmark = pytest.mark.slow
 # start), so an idle machine's fast iterations (about 1 s) use more of them: an idle CI
 # rehearsal needed about 45 before the last change, so 80 leave a margin either way.
 ITERATIONS = 80
-FAST = ["--train-batch-size", "1000", "--minibatch-size", "250", "--num-epochs", "2"]
+BATCH = 1000
+FAST = ["--train-batch-size", str(BATCH), "--minibatch-size", "250", "--num-epochs", "2"]
+MAX_RUNNERS = 4  # the most the run has: 2 -> 4 -> 1 -> 0 -> 3
 ITER_LINE = re.compile(r"^iter\s+(\d+) .*\| runners (\d+)/(\d+)")
 
 
@@ -214,21 +216,30 @@ def test_episodes_cut_by_a_removal_are_never_counted(rescaled: RescaledRun) -> N
     assert counted == ended, (counted, ended)
 
 
-def test_figures_around_each_change(rescaled: RescaledRun) -> None:
-    """Prints (with -s) what the closing notes quote: per change, the driver's own time
-    for it and the next iteration's time against the run's median."""
+def test_the_iteration_after_each_change_samples_one_train_batch(rescaled: RescaledRun) -> None:
+    """docs/kubernetes.md: "The train batch is split over the runners there are now, so an
+    iteration stays the same size." Also prints (with -s) each change's time and the next
+    iteration's, against the run's median."""
     with (rescaled.run_dir / "metrics.csv").open() as fh:
-        times = {int(r["iteration"]): float(r["time_s"]) for r in csv.DictReader(fh)}
+        rows = {int(r["iteration"]): r for r in csv.DictReader(fh)}
+    times = {i: float(r["time_s"]) for i, r in rows.items()}
     median = statistics.median(times.values())
     changes = [e for e in rescaled.events if e["kind"] == "rescale"]
+    sizes = {}
     for (index, _), event in zip(rescaled.changes, changes, strict=True):
         following = rescaled.console.iterations_after(index)
         assert following, rescaled.console.lines[index]
-        after = times[following[0][0]]
+        first = following[0][0]
+        if first - 1 in rows:
+            steps = int(rows[first]["env_steps_total"]) - int(rows[first - 1]["env_steps_total"])
+            sizes[f"{event['runners_before']} -> {event['runners_after']}"] = steps
         print(
             f"{event['runners_before']} -> {event['runners_after']}: applied in "
-            f"{event['seconds']:.2f} s; next iteration {after:.2f} s (median {median:.2f} s)"
+            f"{event['seconds']:.2f} s; next iteration {times[first]:.2f} s (median {median:.2f} s)"
         )
+    # One train batch (1000 env steps), split in whole fragments: at most one step more
+    # per runner; never a batch sized for the runners before the change.
+    assert sizes and all(BATCH <= steps <= BATCH + MAX_RUNNERS for steps in sizes.values()), sizes
 
 
 def test_nothing_is_left_running(rescaled: RescaledRun) -> None:

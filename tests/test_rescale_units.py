@@ -300,3 +300,127 @@ def test_a_game_whose_runner_is_starting_is_not_tried_again_unless_that_fails() 
     assert admission.due() == []
     admission.failed(4, "its env runner was not up within 30 s")
     assert 4 in admission.given_up  # 100 s after it was first wanted
+
+
+# -- the runner pool: runners that are up -------------------------------------
+
+
+class _Ref:
+    """A runner's readiness call."""
+
+
+class _Actor:
+    def __init__(self) -> None:
+        self.ref = _Ref()
+        self.assert_healthy = type("Call", (), {"remote": lambda _self: self.ref})()
+
+
+class _Manager:
+    def __init__(self) -> None:
+        self.added: list[_Actor] = []
+        self._next_id = 3
+
+    def actor_ids(self) -> list[int]:
+        return [1, 2]
+
+    def add_actors(self, actors: list[_Actor]) -> None:
+        self.added += actors
+        self._next_id += len(actors)
+
+
+class _Group:
+    def __init__(self) -> None:
+        self._worker_manager = _Manager()
+        self._env_creator = self._remote_config_obj_ref = None
+        self.local_env_runner = type("Local", (), {"get_state": lambda _self: {}})()
+
+    def _make_worker(self, **kwargs: Any) -> _Actor:
+        return _Actor()
+
+    def foreach_env_runner(self, **kwargs: Any) -> None:
+        pass
+
+
+class _Registry:
+    def assign(self, index: int, slot: int) -> None:
+        pass
+
+
+def test_a_runner_up_but_held_back_to_join_with_others_outlives_its_start_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    import ray
+
+    from training.rescale.runner_pool import JOIN_TOGETHER_S, RunnerPool
+
+    clock = Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    up: set[_Ref] = set()
+    killed: list[Any] = []
+    monkeypatch.setattr(
+        ray,
+        "wait",
+        lambda refs, **kw: ([r for r in refs if r in up], [r for r in refs if r not in up]),
+    )
+    monkeypatch.setattr(ray, "get", lambda ref: None)
+    monkeypatch.setattr(ray, "put", lambda value: value)
+    monkeypatch.setattr(ray, "kill", lambda actor, **kw: killed.append(actor))
+    config = type("Config", (), {"env_runner_restore_timeout_s": 1.0})()
+    algo = type("Algo", (), {"env_runner_group": _Group(), "config": config})()
+    pool = RunnerPool(algo, _Registry())  # type: ignore[arg-type]
+    pool.start([3], ready_timeout_s=10)
+    pool.start([4], ready_timeout_s=60)
+    first = next(s for s in pool.starting.values() if s.slot == 3)
+    started = clock.now
+    clock.now = started + 5
+    up.add(first.actor.ref)
+    assert pool.collect() == ([], [])  # up, held back for the slot-4 runner
+    clock.now = started + 11  # past the first runner's 10 s deadline, still held back
+    joined, failures = pool.collect()
+    assert (joined, failures, killed) == ([], [], [])
+    clock.now = started + 5 + JOIN_TOGETHER_S + 1
+    joined, failures = pool.collect()
+    assert [r.slot for r in joined] == [3] and failures == [] and killed == []
+
+
+# -- `uerl local scale`: a grow that fails ---------------------------------------
+
+
+class _Games:
+    """A stand-in for LocalMockGames: the games by name, started and stopped."""
+
+    def __init__(self, workers: int) -> None:
+        self.names = [f"ue-{i}" for i in range(1, workers + 1)]
+
+    def add_worker_games(self, count: int) -> list[Any]:
+        first = len(self.names) + 1
+        new = [f"ue-{i}" for i in range(first, first + count)]
+        self.names += new
+        return [type("Game", (), {"name": name})() for name in new]
+
+    def discard_worker_games(self, games: list[Any]) -> None:
+        leaving = {g.name for g in games}
+        self.names = [n for n in self.names if n not in leaving]
+
+
+class _NodesFail:
+    def add_worker_nodes(self, count: int) -> list[str]:
+        raise RuntimeError("ray start for node worker3 exited with code 1")
+
+
+def test_a_grow_whose_worker_nodes_fail_stops_the_games_it_started(tmp_path: Path) -> None:
+    from training.local.scaling import LocalScaler
+
+    games = _Games(1)
+    scaler = LocalScaler(
+        tmp_path,
+        _NodesFail(),
+        games,
+        endpoints(1),
+        log=lambda line: None,  # type: ignore[arg-type]
+    )
+    with pytest.raises(RuntimeError, match="worker3 exited"):
+        scaler.scale(3)
+    assert games.names == ["ue-1"] and scaler.endpoints.num_env_runners == 1

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from training.policies.outcomes import learner_result, outcomes_from_result
+from training.policies.outcomes import SelfPlayOutcomes, learner_results, outcomes_from_result
 from training.policies.self_play import (
     INITIAL_RATING,
     LEARNER,
@@ -20,6 +20,8 @@ from training.policies.self_play import (
 )
 
 AGENTS = ("player_0", "player_1")
+THREE = ("player_0", "player_1", "player_2")
+FOUR = ("player_0", "player_1", "player_2", "player_3")
 
 
 def episode(n: int) -> SimpleNamespace:
@@ -105,7 +107,8 @@ def test_the_league_rates_the_learner_against_the_snapshots_it_played() -> None:
     league = League(SelfPlaySettings())
     league.took("snapshot_0", 0)
     league.record({"snapshot_0": Outcomes(wins=10), "learner": Outcomes(wins=5)})
-    assert league.rating > INITIAL_RATING
+    # 10 wins against an equal: K 16 x 10 games x (1 - 0.5); games against itself count nothing.
+    assert league.rating == pytest.approx(INITIAL_RATING + 80)
 
 
 def test_the_league_round_trips_through_json() -> None:
@@ -118,14 +121,26 @@ def test_the_league_round_trips_through_json() -> None:
 
 def test_an_episode_result_is_the_learners_against_its_opponent() -> None:
     modules = {"player_0": LEARNER, "player_1": "snapshot_2"}
-    assert learner_result({"player_0": 1.0, "player_1": -1.0}, modules) == ("snapshot_2", "wins")
-    assert learner_result({"player_0": -1.0, "player_1": 1.0}, modules) == ("snapshot_2", "losses")
-    assert learner_result({"player_0": 0.0, "player_1": 0.0}, modules) == ("snapshot_2", "draws")
+    seat = "player_0"
+    won = learner_results({"player_0": 1.0, "player_1": -1.0}, modules, seat)
+    lost = learner_results({"player_0": -1.0, "player_1": 1.0}, modules, seat)
+    drawn = learner_results({"player_0": 0.0, "player_1": 0.0}, modules, seat)
+    assert won == [("snapshot_2", "wins")]
+    assert lost == [("snapshot_2", "losses")]
+    assert drawn == [("snapshot_2", "draws")]
 
 
 def test_the_learner_against_itself_is_not_a_result() -> None:
     modules = {"player_0": LEARNER, "player_1": LEARNER}
-    assert learner_result({"player_0": 1.0, "player_1": -1.0}, modules) is None
+    assert learner_results({"player_0": 1.0, "player_1": -1.0}, modules, "player_1") == []
+
+
+def test_the_learner_seat_is_the_agent_the_mapping_gives_the_learner() -> None:
+    mapping = SelfPlayMapping(FOUR, ("snapshot_0",), p_current=0.5)
+    for n in range(200):
+        seat = mapping.learner_seat(episode(n))
+        assert mapping(seat, episode(n)) == LEARNER
+        assert seat in FOUR
 
 
 def test_outcomes_are_read_per_opponent_from_the_training_result() -> None:
@@ -138,3 +153,84 @@ def test_an_opponent_not_met_this_iteration_counts_no_games() -> None:
     nan = float("nan")
     result = {"env_runners": {"uerl_league": {"snapshot_1": {"wins": nan, "losses": nan}}}}
     assert outcomes_from_result(result) == {"snapshot_1": Outcomes()}
+
+
+class _Logged:
+    """A stand-in MetricsLogger: the sums the callback logs, per key."""
+
+    def __init__(self) -> None:
+        self.sums: Counter[tuple[str, ...]] = Counter()
+
+    def log_value(self, key: tuple[str, ...], value: int, reduce: str) -> None:
+        assert reduce == "sum"
+        self.sums[key] += value
+
+
+def _finished_episode(
+    agents: tuple[str, ...], learner_seat: str, modules: dict[str, str], returns: dict[str, float]
+) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """An episode whose drawn learner seat is `learner_seat`, its agents playing `modules`
+    (a seat other than the learner's may play the current learner), and its env runner."""
+    mapping = SelfPlayMapping(agents, ("snapshot_0",), p_current=0.0)
+    n = next(n for n in range(1000) if mapping(learner_seat, episode(n)) == LEARNER)
+    played = SimpleNamespace(
+        id_=f"episode-{n}",
+        agent_episodes={
+            aid: SimpleNamespace(get_return=lambda r=r: r) for aid, r in returns.items()
+        },
+        module_for=modules.__getitem__,
+    )
+    return played, SimpleNamespace(config=SimpleNamespace(policy_mapping_fn=mapping))
+
+
+def _rated(agents: tuple[str, ...], seat: str, modules: dict[str, str], returns: dict[str, float]):
+    played, runner = _finished_episode(agents, seat, modules, returns)
+    logged = _Logged()
+    SelfPlayOutcomes().on_episode_end(
+        episode=played, env_runner=runner, metrics_logger=logged, env_index=0
+    )
+    return {key: n for key, n in logged.sums.items() if n}
+
+
+def test_an_opponent_playing_the_current_learner_is_not_added_to_the_learners_score() -> None:
+    # The issue's case: learner +1, the current learner as an opponent -1, snapshot_0 0.
+    modules = {"player_0": LEARNER, "player_1": LEARNER, "player_2": "snapshot_0"}
+    returns = {"player_0": 1.0, "player_1": -1.0, "player_2": 0.0}
+    assert _rated(THREE, "player_0", modules, returns) == {("uerl_league", "snapshot_0", "wins"): 1}
+
+
+def test_the_learners_seat_is_the_drawn_one_not_the_first_agent_playing_the_learner() -> None:
+    modules = {"player_0": LEARNER, "player_1": "snapshot_0", "player_2": LEARNER}
+    returns = {"player_0": 5.0, "player_1": 1.0, "player_2": -3.0}
+    assert _rated(THREE, "player_2", modules, returns) == {
+        ("uerl_league", "snapshot_0", "losses"): 1
+    }
+
+
+def test_with_three_players_each_snapshot_seat_is_one_game_against_its_snapshot() -> None:
+    modules = {"player_0": "snapshot_0", "player_1": LEARNER, "player_2": "snapshot_1"}
+    returns = {"player_0": 0.0, "player_1": 1.0, "player_2": 2.0}
+    assert _rated(THREE, "player_1", modules, returns) == {
+        ("uerl_league", "snapshot_0", "wins"): 1,
+        ("uerl_league", "snapshot_1", "losses"): 1,
+    }
+
+
+def test_with_four_players_only_the_seats_snapshots_play_are_rated() -> None:
+    modules = {
+        "player_0": "snapshot_0",
+        "player_1": LEARNER,
+        "player_2": LEARNER,
+        "player_3": "snapshot_0",
+    }
+    returns = {"player_0": 2.0, "player_1": 1.0, "player_2": 7.0, "player_3": 1.0}
+    assert _rated(FOUR, "player_1", modules, returns) == {
+        ("uerl_league", "snapshot_0", "losses"): 1,
+        ("uerl_league", "snapshot_0", "draws"): 1,
+    }
+
+
+def test_a_four_player_game_against_the_current_learner_only_is_not_rated() -> None:
+    modules = dict.fromkeys(FOUR, LEARNER)
+    returns = {"player_0": 2.0, "player_1": 1.0, "player_2": 7.0, "player_3": 1.0}
+    assert _rated(FOUR, "player_3", modules, returns) == {}

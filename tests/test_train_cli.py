@@ -91,3 +91,68 @@ def test_local_with_an_invalid_topology_override_exits_2_naming_the_path(tmp_pat
     result = uerl("local", "--workers", "0", "--run-dir", str(tmp_path))
     assert result.returncode == 2
     assert "topology.workers.replicas" in result.stderr
+
+
+# -- numbers out of range: refused up front, naming the flag ----------------------
+
+OUT_OF_RANGE = [
+    ("mock-ue", "--port", "99999"),
+    ("mock-ue", "--port", "70000"),
+    ("mock-ue", "--port", "-5"),
+    ("mock-ue", "--envs", "0"),
+    ("local", "--envs", "0"),
+    ("local", "--base-port", "70000"),
+    ("local", "--game-restarts", "-1"),
+    ("local", "--iterations", "0"),
+    ("local", "--timesteps", "-100"),
+    ("local", "--eval-episodes", "0"),
+    ("local", "--checkpoint-every", "0"),
+    ("local", "--snapshot-every", "0"),
+    ("local", "--window", "0"),
+    ("local", "--p-current", "1.5"),
+    ("local", "--train-batch-size", "0"),
+    ("local", "--minibatch-size", "-1"),
+    ("local", "--num-epochs", "0"),
+    ("local", "--preflight-timeout", "0"),
+    ("local", "--request-timeout", "-1"),
+    ("local", "--fault-wait", "0"),
+    ("local", "--game-down-limit", "nan"),
+    ("train", "--iterations", "0"),
+    ("eval", "--episodes", "0"),
+    ("eval", "--timeout", "-1"),
+    ("local eval", "--episodes", "0"),
+    ("export", "--samples", "0"),
+    ("export", "--snapshot", "-1"),
+    ("discover", "--timeout", "-1"),
+    ("local scale", "--timeout", "0"),
+    ("tls-secret", "--days", "0"),
+    ("bench", "--envs", "0"),
+    ("bench", "--seconds", "0"),
+    ("bench-policies", "--iterations", "0"),
+    ("bench-faults", "--workers", "0"),
+]
+
+
+@pytest.mark.parametrize(("command", "flag", "value"), OUT_OF_RANGE)
+def test_a_number_out_of_range_exits_2_naming_its_flag_before_anything_starts(
+    tmp_path: Path, command: str, flag: str, value: str
+) -> None:
+    result = uerl(*command.split(), f"{flag}={value}", timeout_s=30)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"argument {flag}: {value}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_export_of_a_missing_checkpoint_names_the_checkpoint_flag(tmp_path: Path) -> None:
+    result = uerl("export", "--checkpoint", str(tmp_path / "nope"))
+    assert result.returncode == 2
+    assert f"--checkpoint {tmp_path / 'nope'}: no such checkpoint directory" in result.stderr
+    assert "--resume" not in result.stderr
+
+
+def test_eval_checks_the_checkpoint_before_asking_for_endpoints(tmp_path: Path) -> None:
+    result = uerl("eval", "--checkpoint", str(tmp_path / "nope"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"uerl eval: --checkpoint {tmp_path / 'nope'}: no such checkpoint directory"
+    ]

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from training.commands.arg_types import non_negative_int, positive_float, positive_int
 from training.local.games import start_mock_at
 
 
@@ -57,24 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
         prog="uerl bench",
         description="Benchmark gRPC stepping of a mock UE game against in-process stepping.",
     )
-    parser.add_argument("--envs", type=int, default=16, help="environments (default 16)")
+    parser.add_argument("--envs", type=positive_int, default=16, help="environments (default 16)")
     parser.add_argument("--env", default="CartPole-v1", help="single-agent gymnasium id")
     parser.add_argument(
-        "--seconds", type=float, default=5.0, help="time per measurement (default 5)"
+        "--seconds", type=positive_float, default=5.0, help="time per measurement (default 5)"
     )
     parser.add_argument(
-        "--rounds", type=int, default=5, help="alternating slices per measurement (default 5)"
+        "--rounds",
+        type=positive_int,
+        default=5,
+        help="alternating slices per measurement (default 5)",
     )
     parser.add_argument(
         "--e2e-envs",
-        type=int,
+        type=positive_int,
         nargs="*",
         default=[1, 16],
         help="end to end: environments per game, one PPO comparison each (default 1 16)",
     )
     parser.add_argument(
         "--e2e-iterations",
-        type=int,
+        type=non_negative_int,
         default=3,
         help="end to end: timed PPO iterations per path (default 3; 0 skips end to end)",
     )

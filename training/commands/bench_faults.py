@@ -28,6 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from training.commands.arg_types import non_negative_int, positive_float, positive_int
+
 ITER = re.compile(r"^iter\s+(\d+) ")
 GAMES = re.compile(r"games (.*) \(up in")
 
@@ -51,11 +53,15 @@ class Fault:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="uerl bench-faults", description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--faults", type=int, default=4, help="faults, two iterations apart (4)")
+    parser.add_argument("--workers", type=positive_int, default=3)
+    parser.add_argument(
+        "--faults", type=non_negative_int, default=4, help="faults, two iterations apart (4)"
+    )
     parser.add_argument("--kind", choices=("kill", "stop", "both"), default="both")
-    parser.add_argument("--stop-seconds", type=float, default=4.0, help="SIGSTOP length (4)")
-    parser.add_argument("--request-timeout", type=float, default=2.0)
+    parser.add_argument(
+        "--stop-seconds", type=positive_float, default=4.0, help="SIGSTOP length (4)"
+    )
+    parser.add_argument("--request-timeout", type=positive_float, default=2.0)
     parser.add_argument("--run-dir", type=Path, help="default: a temporary directory")
     return parser
 

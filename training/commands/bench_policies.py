@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from training.commands.arg_types import positive_int
 from training.policies.configurations import CONFIGURATIONS
 from training.run.metrics import IterationRow, read_csv
 
@@ -38,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--policies", nargs="+", default=["ctde", "independent"], choices=CONFIGURATIONS
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1], metavar="S")
-    parser.add_argument("--iterations", type=int, default=30, metavar="N")
-    parser.add_argument("--train-batch-size", type=int, default=2000, metavar="N")
-    parser.add_argument("--envs", type=int, default=8, metavar="N", help="per game (8)")
-    parser.add_argument("--workers", type=int, default=1, metavar="N", help="games (1)")
+    parser.add_argument("--iterations", type=positive_int, default=30, metavar="N")
+    parser.add_argument("--train-batch-size", type=positive_int, default=2000, metavar="N")
+    parser.add_argument("--envs", type=positive_int, default=8, metavar="N", help="per game (8)")
+    parser.add_argument("--workers", type=positive_int, default=1, metavar="N", help="games (1)")
     parser.add_argument("--target", type=float, help="the return 'to target' counts steps to")
     parser.add_argument("--out", type=Path, help="runs and figures (runs/bench-policies-<time>)")
     return parser

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from training.commands.arg_types import positive_float
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -14,7 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("endpoint", help="HOST:PORT of the game")
     parser.add_argument("--json", action="store_true", help="print the GameSpec as JSON")
     parser.add_argument(
-        "--timeout", type=float, default=45.0, help="seconds to wait for the game (default 45)"
+        "--timeout",
+        type=positive_float,
+        default=45.0,
+        help="seconds to wait for the game (default 45)",
     )
     parser.add_argument("--tls-ca", help="CA bundle (PEM): use TLS")
     parser.add_argument("--tls-cert", help="client certificate (PEM), with --tls-key")

@@ -40,8 +40,8 @@ def main(argv: Sequence[str]) -> int:
     from training.run.endpoints_source import load_endpoints
 
     try:
+        checkpoint = resolve_checkpoint(args.checkpoint)  # what the user gave, first
         endpoints = load_endpoints(args.endpoints)
-        checkpoint = resolve_checkpoint(args.checkpoint)
         options = eval_options_from_args(args, checkpoint=checkpoint, ray_address=args.ray_address)
     except (EndpointsError, CheckpointError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

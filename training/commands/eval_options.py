@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from training.commands.arg_types import positive_float, positive_int
 from training.run.evaluation import REPORT_NAME, EvalOptions
 
 
@@ -29,7 +30,9 @@ def add_eval_args(parser: argparse.ArgumentParser, *, checkpoint_required: bool 
         metavar="DIR",
         help="a checkpoint, or a checkpoint directory (its newest checkpoint)",
     )
-    group.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes (10)")
+    group.add_argument(
+        "--episodes", type=positive_int, default=10, metavar="N", help="episodes (10)"
+    )
     group.add_argument(
         "--explore",
         action="store_true",
@@ -42,20 +45,20 @@ def add_eval_args(parser: argparse.ArgumentParser, *, checkpoint_required: bool 
         help=f"JSON report (default <checkpoint>/{REPORT_NAME}, eval-explore.json with --explore)",
     )
     group.add_argument("--seed", type=int)
-    group.add_argument("--preflight-timeout", type=float, default=30.0, metavar="S")
+    group.add_argument("--preflight-timeout", type=positive_float, default=30.0, metavar="S")
     group.add_argument(
-        "--request-timeout", type=float, default=5.0, metavar="S", help="per game RPC (5)"
+        "--request-timeout", type=positive_float, default=5.0, metavar="S", help="per game RPC (5)"
     )
     group.add_argument(
         "--fault-wait",
-        type=float,
+        type=positive_float,
         default=2.0,
         metavar="S",
         help="while a game is down, each sample of its runner waits this long for it (2)",
     )
     group.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=600.0,
         metavar="S",
         help="fail when the episodes have not finished within S seconds (600)",

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from training.commands.arg_types import non_negative_int, positive_int
+
 PROG = "uerl export"
 
 
@@ -36,13 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--snapshot",
         action="append",
-        type=int,
+        type=non_negative_int,
         metavar="N",
         help="self-play checkpoints: also export snapshot N of the learner (repeatable)",
     )
     parser.add_argument(
         "--samples",
-        type=int,
+        type=positive_int,
         default=512,
         help="observations sampled from the game's spaces to verify each file (512)",
     )

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from training.commands.arg_types import non_negative_int, port, positive_float, positive_int
 from training.commands.eval_options import add_eval_args, eval_options_from_args
 from training.commands.training_options import add_training_args, options_from_args
 
@@ -60,9 +61,11 @@ def _add_topology_args(parser: argparse.ArgumentParser) -> None:
     topo.add_argument("--pattern", choices=("sidecar", "networked"))
     games = parser.add_argument_group("mock games")
     games.add_argument("--env", default="CartPole-v1", help="gymnasium id the games serve")
-    games.add_argument("--envs", type=int, default=1, help="environments per game (default 1)")
     games.add_argument(
-        "--base-port", type=int, help="worker i's game on BASE+i (default: a free block)"
+        "--envs", type=positive_int, default=1, help="environments per game (default 1)"
+    )
+    games.add_argument(
+        "--base-port", type=port, help="worker i's game on BASE+i (default: a free block)"
     )
     games.add_argument(
         "--tls",
@@ -75,7 +78,7 @@ def _add_topology_args(parser: argparse.ArgumentParser) -> None:
     )
     games.add_argument(
         "--game-restarts",
-        type=int,
+        type=non_negative_int,
         default=10,
         metavar="N",
         help="restart a game that exits at most N times, then stop training (10)",
@@ -98,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_args(parser)
     parser.add_argument(
         "--eval-episodes",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="after training, evaluate the final checkpoint for N episodes (deterministic)",
     )
@@ -311,7 +314,7 @@ def build_scale_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=300.0,
         metavar="S",
         help="wait at most S seconds for the session to apply it (300)",

@@ -10,6 +10,8 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from training.commands.arg_types import non_negative_float, port_or_any, positive_int
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -17,8 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve Schola's GymService for gymnasium environments (a stand-in UE game).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=50051, help="port (0 = any free port)")
-    parser.add_argument("--envs", type=int, default=1, help="environments hosted (default 1)")
+    parser.add_argument("--port", type=port_or_any, default=50051, help="port (0 = any free port)")
+    parser.add_argument(
+        "--envs", type=positive_int, default=1, help="environments hosted (default 1)"
+    )
     parser.add_argument(
         "--env",
         default="CartPole-v1",
@@ -37,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="grpcio",
         help="serve with gRPC Python (default) or uerl's compiled server (plaintext only)",
     )
-    parser.add_argument("--step-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--step-delay", type=non_negative_float, default=0.0, help=argparse.SUPPRESS
+    )
     return parser
 
 

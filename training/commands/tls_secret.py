@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from training.commands.arg_types import positive_float
+
 PROG = "uerl tls-secret"
 
 
@@ -27,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="PATH=VALUE", help="as `uerl render --set`"
     )
     parser.add_argument("--out", type=Path, required=True, help="directory for the three files")
-    parser.add_argument("--days", type=float, default=365, help="validity (default 365)")
+    parser.add_argument("--days", type=positive_float, default=365, help="validity (default 365)")
     return parser
 
 

@@ -7,13 +7,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training.commands.arg_types import int_in, positive_float, positive_int, probability
 from training.policies.configurations import (
     CONFIGURATIONS,
     PolicyConfiguration,
     PolicyConfigurationError,
     check_configuration,
 )
-from training.policies.self_play import SelfPlaySettings
+from training.policies.self_play import MAX_WINDOW, SelfPlaySettings
 from training.rllib import hparams as hp
 from training.run import checkpoints
 from training.run.driver import DEFAULT_ITERATIONS, TrainOptions
@@ -28,10 +29,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     stop = group.add_mutually_exclusive_group()
     stop.add_argument(
         "--iterations",
-        type=int,
+        type=positive_int,
         help=f"stop at this many iterations in total (default {DEFAULT_ITERATIONS})",
     )
-    stop.add_argument("--timesteps", type=int, help="stop at this many env steps in total")
+    stop.add_argument("--timesteps", type=positive_int, help="stop at this many env steps in total")
     group.add_argument(
         "--stop-return", type=float, metavar="R", help="also stop once the return mean reaches R"
     )
@@ -56,21 +57,28 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     league = parser.add_argument_group("self-play (--policies self_play)")
     league.add_argument(
         "--snapshot-every",
-        type=int,
+        type=positive_int,
         metavar="K",
         help="snapshot the learner every K iterations (5)",
     )
     league.add_argument(
-        "--window", type=int, metavar="W", help="opponents come from the last W snapshots (5)"
+        "--window",
+        type=int_in(1, MAX_WINDOW),
+        metavar="W",
+        help="opponents come from the last W snapshots (5)",
     )
     league.add_argument(
         "--p-current",
-        type=float,
+        type=probability,
         metavar="P",
         help="chance an opponent is the current learner instead of a snapshot (0.2)",
     )
     group.add_argument(
-        "--checkpoint-every", type=int, default=5, metavar="K", help="every K iterations (5)"
+        "--checkpoint-every",
+        type=positive_int,
+        default=5,
+        metavar="K",
+        help="every K iterations (5)",
     )
     group.add_argument(
         "--resume",
@@ -85,9 +93,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--lr", type=float)
     group.add_argument("--gamma", type=float)
-    group.add_argument("--train-batch-size", type=int, help="env steps per learner per update")
-    group.add_argument("--minibatch-size", type=int)
-    group.add_argument("--num-epochs", type=int)
+    group.add_argument(
+        "--train-batch-size", type=positive_int, help="env steps per learner per update"
+    )
+    group.add_argument("--minibatch-size", type=positive_int)
+    group.add_argument("--num-epochs", type=positive_int)
     group.add_argument("--entropy-coeff", type=float)
     group.add_argument(
         "--hp",
@@ -96,7 +106,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="any training() option of the algorithm, e.g. --hp lambda_=0.9 (repeatable)",
     )
-    group.add_argument("--preflight-timeout", type=float, default=30.0, metavar="S")
+    group.add_argument("--preflight-timeout", type=positive_float, default=30.0, metavar="S")
     group.add_argument(
         "--verbose",
         action="store_true",
@@ -105,21 +115,21 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     faults = parser.add_argument_group("games that fail")
     faults.add_argument(
         "--request-timeout",
-        type=float,
+        type=positive_float,
         default=5.0,
         metavar="S",
         help="deadline of each game RPC: how long a hung game can hold its runner (5)",
     )
     faults.add_argument(
         "--fault-wait",
-        type=float,
+        type=positive_float,
         default=2.0,
         metavar="S",
         help="while a game is down, each sample of its runner waits this long for it (2)",
     )
     faults.add_argument(
         "--game-down-limit",
-        type=float,
+        type=positive_float,
         default=300.0,
         metavar="S",
         help="stop (final checkpoint, exit 1) when no game answered for this long (300)",

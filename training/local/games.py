@@ -135,25 +135,43 @@ class LocalMockGames(processes.StartedGroup):
         return sum(1 for g in self.games if g.name != "ue-disc")
 
     def add_worker_games(self, count: int) -> list[MockGame]:
-        """Start games ue-(Y+1) .. ue-(Y+count) on their ports; return them once ready."""
+        """Start games ue-(Y+1) .. ue-(Y+count) on their ports; return them once ready.
+        If one cannot start, the ones this call started are stopped again (the next grow
+        numbers its games from Y+1 as this one did) and the error is raised."""
         first = self.worker_count() + 1
-        new = []
-        for index in range(first, first + count):
-            port = self.base_port + index
-            if not processes.port_is_free(port, HOST):
-                raise LocalGamesError(
-                    f"game ue-{index} needs port {port} (base port {self.base_port} + {index}), "
-                    "which another process holds"
-                )
-            game = self._launch(f"ue-{index}", port)
-            new.append(game)
-            with self._lock:
-                self.games.append(game)
-        deadline = time.monotonic() + self.startup_timeout_s
-        for game in new:
-            self._wait_ready(game, deadline)
+        new: list[MockGame] = []
+        try:
+            for index in range(first, first + count):
+                port = self.base_port + index
+                if not processes.port_is_free(port, HOST):
+                    raise LocalGamesError(
+                        f"game ue-{index} needs port {port} (base port {self.base_port} + "
+                        f"{index}), which another process holds"
+                    )
+                game = self._launch(f"ue-{index}", port)
+                new.append(game)
+                with self._lock:
+                    self.games.append(game)
+            deadline = time.monotonic() + self.startup_timeout_s
+            for game in new:
+                self._wait_ready(game, deadline)
+        except BaseException:
+            self.discard_worker_games(new)
+            raise
         self.workers = self.worker_count()
         return new
+
+    def discard_worker_games(self, games: list[MockGame]) -> None:
+        """Stop games a failed grow started and forget them (stats and all): as if the grow
+        had not happened."""
+        with self._lock:
+            for game in games:
+                game.removed = True
+            self.games = [g for g in self.games if g not in games]
+        survivors = processes.terminate([g.proc for g in games], grace_s=self.stop_grace_s)
+        self.workers = self.worker_count()
+        if survivors:
+            raise LocalGamesError(f"mock games survived SIGKILL: {sorted(survivors)}")
 
     def remove_worker_games(self, count: int) -> list[MockGame]:
         """Stop the last `count` worker games (highest index first), keeping their stats."""

@@ -198,7 +198,8 @@ class LocalRayCluster(processes.StartedGroup):
 
     def add_worker_nodes(self, count: int, *, timeout_s: float | None = None) -> list[str]:
         """Start `count` more worker nodes like the first ones; return their names once the
-        GCS lists them alive. Names are never reused (each node has its own temp dir)."""
+        GCS lists them alive. Names are never reused (each node has its own temp dir). If
+        one does not come up, the ones this call started are stopped and the error raised."""
         template = self._worker_template
         if template is None:
             raise LocalClusterError("this cluster was started without worker nodes to copy")
@@ -210,11 +211,16 @@ class LocalRayCluster(processes.StartedGroup):
         ]
         deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
         self.specs = [*self.specs, *new]
-        for spec in new:
-            self._launch(spec)
-        for node in self._nodes[-count:] if count else []:
-            self._wait_started(node, deadline)
-        self._wait_registered(deadline)
+        try:
+            for spec in new:
+                self._launch(spec)
+            for node in self._nodes[-count:] if count else []:
+                self._wait_started(node, deadline)
+            self._wait_registered(deadline)
+        except BaseException:
+            # Stop the nodes this call started (their names stay used: own temp dirs).
+            self.remove_worker_nodes([spec.name for spec in new])
+            raise
         return [spec.name for spec in new]
 
     def busy_worker_nodes(self) -> set[str]:

@@ -7,7 +7,8 @@ and waits for the answer; the session's scaler thread applies it and rewrites
 `uerl train --endpoints` against `uerl local serve`) follows between iterations,
 exactly as it follows the ConfigMap after a `pulumi up` on a cluster.
 
-Growing starts the games and worker nodes first, then publishes the endpoints.
+Growing starts the games and worker nodes first, then publishes the endpoints; a grow
+that fails stops the games and nodes it started, so nothing of it is left.
 Shrinking publishes first, waits (bounded) until the training has released the
 worker nodes it no longer needs, then stops idle nodes and the games that left.
 """
@@ -180,8 +181,14 @@ class LocalScaler:
         if workers == before:
             return f"already {workers} worker(s)"
         if workers > before:
+            # Each step stops what it started if it fails; a failed grow leaves the session
+            # as it was (the next one numbers its games as this one did).
             games = self.games.add_worker_games(workers - before)
-            nodes = self.cluster.add_worker_nodes(workers - before)
+            try:
+                nodes = self.cluster.add_worker_nodes(workers - before)
+            except BaseException:
+                self.games.discard_worker_games(games)
+                raise
             self.publish(self.endpoints.model_copy(update={"num_env_runners": workers}))
             what = (
                 f"started {', '.join(g.name for g in games)} and worker node(s) {', '.join(nodes)}"

@@ -16,7 +16,7 @@ Centralised training, decentralised execution (MAPPO-style) on RLlib's new API s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -54,6 +54,22 @@ def flatten_batch(space: gym.Space, observations: Any, n: int) -> np.ndarray:
     return np.stack([gym.spaces.flatten(space, item) for item in items]).astype(np.float32)
 
 
+def lockstep_problem(ma_episode: Any, agents: Iterable[str]) -> str | None:
+    """Why `ma_episode` (an episode or a chunk of one) cannot give one global observation
+    per step, as one line, or None: every one of the game's `agents` must act at every
+    step. Env runners check each episode they sample (`UEEnvRunner`), so a game whose
+    agents act apart stops the run before the learner ever sees such an episode."""
+    episodes = ma_episode.agent_episodes
+    lengths = {aid: len(episodes[aid]) for aid in sorted(episodes)}
+    if set(episodes) == set(agents) and len(set(lengths.values())) == 1:
+        return None
+    return (
+        "--policies ctde needs every agent to act at every step of an episode, so "
+        "each step has one global observation; this episode's agents and their "
+        f"steps: {lengths} (game's agents: {sorted(agents)})"
+    )
+
+
 class AddGlobalObservations(ConnectorV2):
     """Learner connector: each agent's rows get every agent's observation at that step.
 
@@ -87,14 +103,11 @@ class AddGlobalObservations(ConnectorV2):
         return batch
 
     def _global_observations(self, ma_episode: MultiAgentEpisode) -> np.ndarray:
+        problem = lockstep_problem(ma_episode, self.agent_spaces)
+        if problem is not None:
+            raise PolicyConfigurationError(problem)
         episodes = ma_episode.agent_episodes
         lengths = {aid: len(episodes[aid]) for aid in episodes}
-        if set(episodes) != set(self.agent_spaces) or len(set(lengths.values())) != 1:
-            raise PolicyConfigurationError(
-                "--policies ctde needs every agent to act at every step of an episode, so "
-                "each step has one global observation; this episode's agents and their "
-                f"steps: {lengths} (game's agents: {sorted(self.agent_spaces)})"
-            )
         n = next(iter(lengths.values()))
         return np.concatenate(
             [

@@ -8,8 +8,9 @@ Each episode one agent (drawn per episode) plays the learner; the others play th
 current learner with chance `p_current`, else one snapshot of the window.
 
 Ratings follow Elo from the learner's results against each snapshot; a snapshot keeps
-the rating the learner had when it was taken. Games of the learner against itself
-say nothing about its strength and are not rated.
+the rating the learner had when it was taken. The learner's seat (the agent drawn to
+play it) is rated against each other seat a snapshot plays, one game per seat; seats
+playing the current learner say nothing about its strength and are not rated.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ INITIAL_RATING = 1000.0
 # batch of hundreds of games moves the rating steadily instead of overshooting.
 ELO_K = 16.0
 MAX_RATED_GAMES = 32
+# The most snapshot modules a run holds (each is a module in every runner and learner).
+MAX_WINDOW = 32
 
 
 def snapshot_id(slot: int) -> str:
@@ -37,7 +40,9 @@ class SelfPlaySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     snapshot_every: int = Field(default=5, ge=1, description="K: iterations between snapshots")
-    window: int = Field(default=5, ge=1, le=32, description="W: snapshots opponents come from")
+    window: int = Field(
+        default=5, ge=1, le=MAX_WINDOW, description="W: snapshots opponents come from"
+    )
     p_current: float = Field(
         default=0.2, ge=0.0, le=1.0, description="P: chance an opponent is the current learner"
     )
@@ -57,13 +62,23 @@ class SelfPlayMapping:
 
     def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
         # One draw per episode, the same for every agent of it (and in every process).
-        rng = random.Random(str(getattr(episode, "id_", "")))
+        rng = random.Random(_episode_seed(episode))
         learner_seat = rng.randrange(len(self.agents))
         if self.agents.index(str(agent_id)) == learner_seat:
             return LEARNER
         if not self.opponents or rng.random() < self.p_current:
             return LEARNER
         return rng.choice(self.opponents)
+
+    def learner_seat(self, episode: Any) -> str:
+        """The agent that plays the learner in `episode`: the one whose results rate it
+        (other agents may play the current learner too, as opponents)."""
+        rng = random.Random(_episode_seed(episode))
+        return self.agents[rng.randrange(len(self.agents))]
+
+
+def _episode_seed(episode: Any) -> str:
+    return str(getattr(episode, "id_", ""))
 
 
 @dataclass

@@ -104,6 +104,9 @@ class RunnerPool:
             return [], []
         refs = list(self.starting)
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=0)
+        # Only runners not up yet can outlive their start deadline: one that is up and held
+        # back below to join with the others is waiting on them, not failing.
+        late = set(pending)
         if ready and pending:
             # Runners started together join together (one change, one line), unless the
             # others lag behind the first by more than JOIN_TOGETHER_S.
@@ -128,7 +131,7 @@ class RunnerPool:
             joined.append(Runner(actor_id, starting.worker_index, starting.slot))
         now = time.monotonic()
         for ref, starting in list(self.starting.items()):
-            if now > starting.deadline:
+            if ref in late and now > starting.deadline:
                 del self.starting[ref]
                 ray.kill(starting.actor, no_restart=True)
                 failures.append(

@@ -19,7 +19,12 @@ from training.policies.game_spec import GameSpec
 from training.policies.outcomes import SelfPlayOutcomes
 from training.policies.self_play import LEARNER, SelfPlayMapping, SelfPlaySettings
 from training.rllib import hparams as hp
-from training.rllib.env_runner import ENV_CONFIG_KEY, UEConnection, UEEnvRunner
+from training.rllib.env_runner import (
+    ENV_CONFIG_KEY,
+    LOCKSTEP_AGENTS_KEY,
+    UEConnection,
+    UEEnvRunner,
+)
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.ppo import PPOConfig
@@ -128,8 +133,12 @@ def _centralised_critic(config: PPOConfig, game: GameSpec) -> PPOConfig:
     from training.policies.ctde import CTDEPPOTorchLearner, ctde_module_spec
 
     agent_spaces = {aid: spec.observation_space for aid, spec in game.agents.items()}
+    # Env runners check every episode for the lockstep the critic's input needs, against
+    # the game's definition, so a game whose agents act apart stops the run there.
+    env_config = {**config.env_config, LOCKSTEP_AGENTS_KEY: sorted(game.agents)}
     return (
-        config.rl_module(rl_module_spec=ctde_module_spec(game.policy_spaces()))
+        config.environment(env_config=env_config)
+        .rl_module(rl_module_spec=ctde_module_spec(game.policy_spaces()))
         .training(learner_class=CTDEPPOTorchLearner)
         .learners(learner_connector=partial(_global_observations, agent_spaces=agent_spaces))
     )

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENV_CONFIG_KEY = "ue"
+# --policies ctde: the game's agents, every one of which must act at every step.
+LOCKSTEP_AGENTS_KEY = "uerl_lockstep_agents"
 
 
 class UEConnection(BaseModel):
@@ -201,7 +203,8 @@ class UEEnvRunner(MultiAgentEnvRunner):
             return self._sampled_nothing()
         if health.first_sample_at is None:
             health.first_sample_at = time.time()
-        return episodes
+        lockstep = self.config.env_config.get(LOCKSTEP_AGENTS_KEY)
+        return self._in_lockstep(episodes, lockstep) if lockstep else episodes
 
     # ------------------------------------------------------------------ health
 
@@ -237,6 +240,22 @@ class UEEnvRunner(MultiAgentEnvRunner):
         return self.game_health_state().report()
 
     # ------------------------------------------------------------------ internals
+
+    def _in_lockstep(self, episodes: list[Any], agents: list[str]) -> list[Any]:
+        """`episodes` if every agent acted at every step of each; else none, now and from
+        then on: the run is refused (the driver stops it with the reason, and the learner
+        never gets an episode it cannot build the critic's input for)."""
+        from training.policies.ctde import lockstep_problem
+
+        health = self.game_health_state()
+        for episode in episodes:
+            if health.refused:
+                break
+            problem = lockstep_problem(episode, agents)
+            if problem is not None:
+                health.refuse(problem)
+                log.info("game at %s: %s", health.endpoint, problem)
+        return [] if health.refused else episodes
 
     def _sampled_nothing(self) -> list[Any]:
         # RLlib sums this over runners to decide when a batch is full; a stat left

@@ -37,6 +37,8 @@ class GameHealth:
     # Wall time this runner's first sample returned (a rescale's figures read it).
     first_sample_at: float | None = None
     events: list[HealthEvent] = field(default_factory=list)
+    # Why this run cannot train on this game at all (one line); the driver stops the run.
+    refused: str = ""
 
     @property
     def healthy(self) -> bool:
@@ -60,6 +62,11 @@ class GameHealth:
         self.last_recovery_at = now
         self.events.append(HealthEvent("recovery", now, "sampling again", down_for_s=down))
 
+    def refuse(self, message: str) -> None:
+        """The game cannot be trained as this run asks (not a fault: waiting cannot fix
+        it). The first reason is kept."""
+        self.refused = self.refused or message
+
     def down_for_s(self, *, now: float | None = None) -> float:
         if self.down_since is None:
             return 0.0
@@ -75,6 +82,7 @@ class GameHealth:
             "down_for_s": self.down_for_s(),
             "faults": self.faults,
             "last_error": self.last_error,
+            "refused": self.refused,
             "last_recovery_at": self.last_recovery_at,
             "first_sample_at": self.first_sample_at,
             "events": [asdict(e) for e in self.events],

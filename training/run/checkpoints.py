@@ -76,25 +76,26 @@ def read_meta(path: Path) -> CheckpointMeta:
         raise CheckpointError(f"{path} is not a uerl checkpoint ({META}: {exc})") from None
 
 
-def resolve(resume: str, checkpoint_dir: Path) -> Path:
-    """`latest` -> the newest checkpoint in `checkpoint_dir`; otherwise a checkpoint path."""
+def resolve(resume: str, checkpoint_dir: Path, *, flag: str = "--resume") -> Path:
+    """`latest` -> the newest checkpoint in `checkpoint_dir`; otherwise a checkpoint path.
+    Errors name `flag`, the option the user gave the path with."""
     if resume != LATEST:
         path = Path(resume)
         if (path / LATEST).is_file():  # a checkpoint directory was given
-            return resolve(LATEST, path)
+            return resolve(LATEST, path, flag=flag)
         if not path.is_dir():
-            raise CheckpointError(f"--resume {resume}: no such checkpoint directory")
+            raise CheckpointError(f"{flag} {resume}: no such checkpoint directory")
         return path
     pointer = checkpoint_dir / LATEST
     try:
         path = checkpoint_dir / pointer.read_text().strip()
     except OSError:
         raise CheckpointError(
-            f"--resume: no checkpoint in {checkpoint_dir} (no {LATEST} file); "
+            f"{flag}: no checkpoint in {checkpoint_dir} (no {LATEST} file); "
             "pass --checkpoint-dir of an earlier run or --resume PATH"
         ) from None
     if not path.is_dir():
-        raise CheckpointError(f"--resume: {pointer} names {path}, which does not exist")
+        raise CheckpointError(f"{flag}: {pointer} names {path}, which does not exist")
     return path
 
 
@@ -136,8 +137,8 @@ def load_modules(path: Path) -> Any:
     return RLModule.from_checkpoint(str(modules.resolve()))
 
 
-def resolve_checkpoint(given: Path) -> Path:
+def resolve_checkpoint(given: Path, *, flag: str = "--checkpoint") -> Path:
     """`--checkpoint`: a checkpoint, or a checkpoint directory (its newest checkpoint)."""
-    path = resolve(str(given), given)
+    path = resolve(str(given), given, flag=flag)
     read_meta(path)  # fail here, naming the path, if it is not a uerl checkpoint
     return path

@@ -48,7 +48,7 @@ def resolve_opponent(text: str, league: League | None, checkpoint: Path) -> Oppo
             raise OpponentError(f"--opponent {text}: {checkpoint} holds snapshots {held}")
         return Opponent(f"snapshot {number}", slot)
     try:
-        other = checkpoints.resolve_checkpoint(Path(text))
+        other = checkpoints.resolve_checkpoint(Path(text), flag="--opponent")
     except checkpoints.CheckpointError as exc:
         raise OpponentError(
             f"--opponent {text}: not random, snapshot:N or a checkpoint ({exc})"

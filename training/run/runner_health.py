@@ -3,7 +3,8 @@
 After each iteration the driver asks every env runner for its `GameHealth`
 report (a short, bounded call) and feeds them here. The board turns events into
 one plain line each, counts runners for the progress line and says when to give
-up: every game down for longer than the limit.
+up: a runner that refused its game (its episodes cannot be trained as the run asks), or
+every game down for longer than the limit.
 
 A runner is healthy only if it answered this round and its game answered. One
 that did not answer this round (busy, dead, restarting) or never answered at all
@@ -77,7 +78,11 @@ class RunnerHealthBoard:
         ]
 
     def give_up_reason(self) -> str | None:
-        """Why training should stop now, or None: no game answered for too long."""
+        """Why training should stop now, or None: a runner refused its game (at once), or
+        no game answered for too long."""
+        for index, report in sorted(self.latest.items()):
+            if report.get("refused"):
+                return f"env runner {index} ({report['endpoint']}): {report['refused']}"
         if self.total == 0 or len(self.latest) < self.total:
             return None
         reports = list(self.latest.values())
