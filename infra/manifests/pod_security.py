@@ -33,6 +33,39 @@ MOCK_UID = 10001
 # The forwarder and the wait-for-build check need no files of their own.
 NOBODY_UID = 65534
 # What a restricted container may not do, whatever its image.
+# The volume types `restricted` allows; any other (hostPath, nfs, gitRepo, ...) is refused.
+RESTRICTED_VOLUME_TYPES = frozenset(
+    {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+)
+# The sysctls `baseline` (and so `restricted`) allows, v1.36.
+SAFE_SYSCTLS = frozenset(
+    {
+        "kernel.shm_rmid_forced",
+        "net.ipv4.ip_local_port_range",
+        "net.ipv4.ip_unprivileged_port_start",
+        "net.ipv4.tcp_syncookies",
+        "net.ipv4.ping_group_range",
+        "net.ipv4.ip_local_reserved_ports",
+        "net.ipv4.tcp_keepalive_time",
+        "net.ipv4.tcp_fin_timeout",
+        "net.ipv4.tcp_keepalive_intvl",
+        "net.ipv4.tcp_keepalive_probes",
+        "net.ipv4.tcp_rmem",
+        "net.ipv4.tcp_wmem",
+    }
+)
+_SELINUX_TYPES = frozenset(
+    {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
+)
 _LOCKED = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
@@ -91,8 +124,13 @@ def violations(pod_spec: dict[str, Any]) -> list[str]:
     if pod_spec.get("hostNetwork") or pod_spec.get("hostPID") or pod_spec.get("hostIPC"):
         out.append("host namespaces")
     for vol in pod_spec.get("volumes", []):
-        if "hostPath" in vol:
-            out.append(f"volume {vol['name']}: hostPath")
+        kinds = set(vol) - {"name"}
+        for kind in sorted(kinds - RESTRICTED_VOLUME_TYPES):
+            out.append(f"volume {vol['name']}: {kind}")
+    for sysctl in pod.get("sysctls") or []:
+        if sysctl.get("name") not in SAFE_SYSCTLS:
+            out.append(f"sysctl {sysctl.get('name')}")
+    out += _selinux_and_apparmor("pod", pod)
     for container in [*pod_spec.get("initContainers", []), *pod_spec["containers"]]:
         name = container["name"]
         ctx = container.get("securityContext") or {}
@@ -114,6 +152,20 @@ def violations(pod_spec: dict[str, Any]) -> list[str]:
         for port in container.get("ports", []):
             if port.get("hostPort"):
                 out.append(f"{name}: hostPort")
+        if ctx.get("procMount", "Default") != "Default":
+            out.append(f"{name}: procMount {ctx['procMount']}")
+        out += _selinux_and_apparmor(name, ctx)
+    return out
+
+
+def _selinux_and_apparmor(where: str, ctx: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    selinux = ctx.get("seLinuxOptions") or {}
+    if selinux.get("type", "") not in _SELINUX_TYPES or selinux.get("user") or selinux.get("role"):
+        out.append(f"{where}: seLinuxOptions")
+    apparmor = (ctx.get("appArmorProfile") or {}).get("type")
+    if apparmor not in (None, "RuntimeDefault", "Localhost"):
+        out.append(f"{where}: appArmorProfile {apparmor}")
     return out
 
 

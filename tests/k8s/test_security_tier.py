@@ -132,3 +132,136 @@ def test_a_game_is_reached_by_its_own_stacks_ray_pods_only(control_plane: Contro
             if p["metadata"]["labels"].get("ray.io/cluster") == stack
         }
         assert allowed == own_ray, game["metadata"]["name"]
+
+
+# -- uerl's own check of `restricted` against the API server's PodSecurity admission ----
+
+PSA_NS = "uerl-psa"
+
+
+def _restricted_pod(**spec_changes: Any) -> dict[str, Any]:
+    spec = pod_security.restrict(
+        {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "busybox",
+                    "securityContext": pod_security.container_context(1000),
+                }
+            ]
+        }
+    )
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "case"}, "spec": spec}
+
+
+def _with(change: Any) -> dict[str, Any]:
+    pod = _restricted_pod()
+    change(
+        pod["spec"], pod["spec"]["containers"][0], pod["spec"]["containers"][0]["securityContext"]
+    )
+    return pod
+
+
+def _volume(kind: str, source: dict[str, Any]) -> Any:
+    def change(spec: dict[str, Any], *_: Any) -> None:
+        spec["volumes"].append({"name": "v", kind: source})
+
+    return change
+
+
+# One change each to a pod `restrict` made: what the standard allows and what it refuses.
+PSA_CASES: dict[str, Any] = {
+    "as restricted": lambda *_: None,
+    "privileged": lambda s, c, x: (  # the API refuses it with allowPrivilegeEscalation false
+        x.update(privileged=True),
+        x.pop("allowPrivilegeEscalation"),
+    ),
+    "privilege escalation": lambda s, c, x: x.update(allowPrivilegeEscalation=True),
+    "capability added": lambda s, c, x: x.update(
+        capabilities={"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    ),
+    "NET_BIND_SERVICE added": lambda s, c, x: x.update(
+        capabilities={"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}
+    ),
+    "capabilities not dropped": lambda s, c, x: x.pop("capabilities"),
+    "root user": lambda s, c, x: x.update(runAsUser=0),
+    "non-root not required": lambda s, c, x: (
+        x.pop("runAsNonRoot"),
+        s["securityContext"].pop("runAsNonRoot"),
+    ),
+    "seccomp unconfined": lambda s, c, x: x.update(seccompProfile={"type": "Unconfined"}),
+    "host network": lambda s, c, x: s.update(hostNetwork=True),
+    "host port": lambda s, c, x: c.update(ports=[{"containerPort": 80, "hostPort": 8080}]),
+    "unmasked proc": lambda s, c, x: (  # allowed by the API only in a user namespace
+        s.update(hostUsers=False),
+        x.update(procMount="Unmasked"),
+    ),
+    "unsafe sysctl": lambda s, c, x: s["securityContext"].update(
+        sysctls=[{"name": "kernel.msgmax", "value": "65536"}]
+    ),
+    "safe sysctl": lambda s, c, x: s["securityContext"].update(
+        sysctls=[{"name": "net.ipv4.tcp_syncookies", "value": "1"}]
+    ),
+    "custom SELinux type": lambda s, c, x: x.update(seLinuxOptions={"type": "spc_t"}),
+    "AppArmor unconfined": lambda s, c, x: x.update(appArmorProfile={"type": "Unconfined"}),
+    "hostPath volume": _volume("hostPath", {"path": "/etc"}),
+    "nfs volume": _volume("nfs", {"server": "nfs.example", "path": "/"}),
+    "iscsi volume": _volume(
+        "iscsi",
+        {"targetPortal": "10.0.0.1:3260", "iqn": "iqn.2001-04.com.example:storage", "lun": 0},
+    ),
+    "configMap volume": _volume("configMap", {"name": "cm"}),
+    "secret volume": _volume("secret", {"secretName": "s"}),
+    "projected volume": _volume("projected", {"sources": [{"configMap": {"name": "cm"}}]}),
+    "downwardAPI volume": _volume(
+        "downwardAPI", {"items": [{"path": "n", "fieldRef": {"fieldPath": "metadata.name"}}]}
+    ),
+    "claim volume": _volume("persistentVolumeClaim", {"claimName": "c"}),
+    "csi volume": _volume("csi", {"driver": "example.csi"}),
+    "ephemeral volume": _volume(
+        "ephemeral",
+        {
+            "volumeClaimTemplate": {
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                }
+            }
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def psa_namespace(control_plane: ControlPlane) -> Iterator[str]:
+    cp = control_plane
+    cp.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": PSA_NS,
+                    "labels": {pod_security.NAMESPACE_ENFORCE_LABEL: "restricted"},
+                },
+            }
+        ]
+    )
+    yield PSA_NS
+    cp.kubectl("delete", "namespace", PSA_NS, "--wait=false", "--ignore-not-found")
+
+
+@pytest.mark.parametrize("case", list(PSA_CASES))
+def test_uerls_restricted_check_agrees_with_the_api_servers_admission(
+    control_plane: ControlPlane, psa_namespace: str, case: str
+) -> None:
+    pod = _with(PSA_CASES[case])
+    pod["metadata"]["namespace"] = psa_namespace
+    result = control_plane.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False
+    )
+    admitted = result.returncode == 0
+    if not admitted:  # refused by PodSecurity, not for another reason
+        assert 'violates PodSecurity "restricted' in result.stderr, result.stderr
+    ours = pod_security.violations(pod["spec"])
+    assert admitted == (ours == []), f"server: {result.stderr.strip() or 'admitted'}; uerl: {ours}"
