@@ -1,6 +1,7 @@
 # Two entry points: `make local` (the main job) and `make test`.
 # Both build the virtualenv first; `make setup` alone only builds it.
-# `make e2e`: the real Kubernetes tier (builds its Go binaries once, ~35 min cold).
+# `make e2e`: the real Kubernetes tier (builds its Go binaries once, ~35 min cold; as root,
+# the Debian packages of its real node and the images its pods run, cached outside the tree).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,7 +13,7 @@ NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/build.rs native/pyp
 # Cargo's build cache, outside the work tree: a rebuild after a change takes seconds.
 CARGO_TARGET_DIR ?= $(HOME)/.cache/uerl-native/target
 
-.PHONY: setup local test test-slow lint bench render images docs clean
+.PHONY: setup local test test-slow lint bench render images images-local docs clean
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -75,6 +76,8 @@ test-slow: setup
 # Builds what is missing (cached outside the work tree), then runs the tier.
 e2e: setup
 	bash tests/k8s/build/build.sh
+	bash tests/k8s/build/install-node-packages.sh
+	$(BIN)/python tests/k8s/images/build.py
 	$(BIN)/python -m pytest -ra --durations=15 -m k8s tests/k8s $(PYTEST_ARGS)
 
 bench: setup
@@ -83,16 +86,21 @@ bench: setup
 render: setup
 	$(BIN)/uerl render --stack dev $(ARGS)
 
-# The two images a dev cluster runs (Ray head/learners/workers, and the mock
-# game), tagged as the topology's defaults say: infra/topology.py is the one
-# place the tags are written. Load them into the cluster afterwards (docs/kubernetes.md).
-RAY_IMAGE = $(shell $(BIN)/python -c 'from infra.topology import Topology; print(Topology().ray.image_ref)')
-MOCK_IMAGE = $(shell $(BIN)/python -c 'from infra.topology import SIMULATOR_DEFAULTS as d; print(d["mock"]["image"])')
+# The images a dev cluster runs (Ray head/learners/workers, and the mock game), tagged
+# as the topology's defaults say (infra/topology.py is the one place the tags are
+# written), from docker/*.Dockerfile. tests/k8s/images/build.py stages each build context
+# (the Ray image's holds the compiled game client's wheel, built here by cargo + maturin).
+# `images`: with a Docker engine; load them into the cluster afterwards (docs/kubernetes.md).
+# `images-local`: no Docker engine, no registry (buildah, as root, on a debootstrap
+# base; plus the KubeRay operator image the chart expects): docker-archives in
+# $UERL_IMAGE_CACHE (default ~/.cache/uerl-images), rebuilt only when their inputs change.
 DOCKER ?= docker
 
 images: setup
-	$(DOCKER) build -f docker/ray.Dockerfile -t $(RAY_IMAGE) .
-	$(DOCKER) build -f docker/mock-ue.Dockerfile -t $(MOCK_IMAGE) .
+	$(BIN)/python tests/k8s/images/build.py --engine docker --docker $(DOCKER) --only ray mock-ue
+
+images-local: setup
+	$(BIN)/python tests/k8s/images/build.py $(IMAGES_ARGS)
 
 clean:
 	rm -rf $(VENV) build site *.egg-info

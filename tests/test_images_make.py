@@ -12,19 +12,42 @@ from infra_fixtures import PROJECT_ROOT
 from infra.topology import SIMULATOR_DEFAULTS, Topology
 
 
-def test_make_images_builds_the_default_ray_and_mock_game_tags() -> None:
+def _make_n(target: str) -> list[str]:
     venv_bin = Path(sys.executable).parent
     proc = subprocess.run(
         # -n: print the commands; the empty stamps skip the set-up prerequisites.
-        ["make", "-n", "images", f"BIN={venv_bin}", "STAMP=", "NATIVE_STAMP="],
+        ["make", "-n", target, f"BIN={venv_bin}", "STAMP=", "NATIVE_STAMP="],
         cwd=PROJECT_ROOT,
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         capture_output=True,
         text=True,
         check=True,
     )
-    builds = [line for line in proc.stdout.splitlines() if " build " in line]
-    assert builds == [
-        f"docker build -f docker/ray.Dockerfile -t {Topology().ray.image_ref} .",
-        f"docker build -f docker/mock-ue.Dockerfile -t {SIMULATOR_DEFAULTS['mock']['image']} .",
+    return [line for line in proc.stdout.splitlines() if "images/build.py" in line]
+
+
+def test_make_images_builds_the_default_ray_and_mock_game_tags() -> None:
+    """With Docker: build.py stages the contexts (the Ray image's holds the native wheel)
+    and runs `docker build` on the same Dockerfiles, tagged as the topology says."""
+    assert len(_make_n("images")) == 1
+    proc = subprocess.run(
+        [sys.executable, "tests/k8s/images/build.py", "--engine", "docker", "--dry-run",
+         "--only", "ray", "mock-ue"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    builds = [line.split() for line in proc.stdout.splitlines() if " build " in line]
+    # The last word is the staged context directory (under the image cache).
+    assert [" ".join(words[:-1]) for words in builds] == [
+        f"docker build -f docker/ray.Dockerfile -t {Topology().ray.image_ref}"
+        " --build-arg TORCH_CUDA=stub",
+        f"docker build -f docker/mock-ue.Dockerfile -t {SIMULATOR_DEFAULTS['mock']['image']}",
     ]
+
+
+def test_make_images_local_runs_the_engineless_build() -> None:
+    (line,) = _make_n("images-local")
+    assert line.split()[1:] == ["tests/k8s/images/build.py"]

@@ -1,4 +1,4 @@
-"""The Ray image's base tag follows the Ray version the topology and the venv use."""
+"""The Ray image's Ray, torch and Python follow the topology and the venv."""
 
 from __future__ import annotations
 
@@ -29,9 +29,13 @@ def test_dockerfile_torch_version_is_the_installed_torch() -> None:
     assert _default_arg("TORCH_VERSION") == version("torch").split("+")[0]
 
 
-def test_dockerfile_base_is_rayproject_ray_for_the_topology_python() -> None:
+def test_dockerfile_base_is_a_build_arg_defaulting_to_the_topology_python() -> None:
+    """No registry on the machines that build it: the base is BASE_IMAGE (build.py passes
+    its debootstrap base); with Docker, python:<the topology's Python>-slim."""
     base = re.search(r"^FROM (\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
-    assert base and base.group(1) == f"rayproject/ray:${{RAY_VERSION}}-{PYTHON_TAG}-cpu"
+    assert base and base.group(1) == "${BASE_IMAGE}"
+    major, minor = PYTHON_TAG.removeprefix("py")[0], PYTHON_TAG.removeprefix("py")[1:]
+    assert _default_arg("BASE_IMAGE") == f"python:{major}.{minor}-slim"
 
 
 def test_default_ray_image_is_the_image_this_dockerfile_builds() -> None:

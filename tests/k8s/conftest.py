@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from controlplane import BinariesMissing, ControlPlane
+from controlplane import NODE_API_ADDRESS, BinariesMissing, ControlPlane
+from node import Node
 
 
 def _control_plane(request: pytest.FixtureRequest, **options: Any) -> Iterator[ControlPlane]:
@@ -37,3 +38,30 @@ def bare_control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]
     """The same without KubeRay's CRDs: whatever installs the chart brings them, and
     the operator process is started once they exist (start_kuberay_operator_once_crds)."""
     yield from _control_plane(request, kuberay_crds=False)
+
+
+@pytest.fixture(scope="module")
+def node_control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """A control plane for a real node: the API on NODE_API_ADDRESS (reachable from
+    pods), no KWOK node, no KubeRay."""
+    yield from _control_plane(
+        request, api_address=NODE_API_ADDRESS, nodes=(), kuberay_operator=False
+    )
+
+
+@pytest.fixture(scope="module")
+def node(request: pytest.FixtureRequest, node_control_plane: ControlPlane) -> Iterator[Node]:
+    """A real node (node.py) registered with `node_control_plane`, one per module. Fails
+    (never skips) without its binaries; kept (with its logs) when a test failed."""
+    missing = None
+    try:
+        real = Node(node_control_plane)
+    except BinariesMissing as exc:
+        missing = str(exc)
+    if missing is not None:
+        pytest.fail(missing, pytrace=False)
+    failed_before = request.session.testsfailed
+    with real:
+        yield real
+        if request.session.testsfailed > failed_before:
+            real.keep = True

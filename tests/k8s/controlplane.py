@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import json
 import os
 import shutil
@@ -50,8 +51,13 @@ KUBERAY_CRD_NAMES = frozenset(
 )
 
 LOOPBACK = "127.0.0.1"
-SERVICE_CIDR = "10.96.0.0/16"  # ClusterIPs: fake, never contacted
-POD_CIDR = "10.244.0.0/16"  # KWOK's fake Pod IPs, never contacted
+SERVICE_CIDR = "10.96.0.0/16"  # ClusterIPs: fake with KWOK, real with a node (node.py)
+POD_CIDR = "10.244.0.0/16"  # KWOK's fake Pod IPs, never contacted; a real node's are inside
+# The API server's address when pods must reach it (ControlPlane(api_address=...)):
+# an extra /32 on `lo` (this kernel has no dummy links), so it stays on this machine.
+NODE_API_ADDRESS = "10.250.0.1"
+# Addresses _http_ok may contact: loopback and the /32s our control planes put on lo.
+_LOCAL_ADDRESSES = {LOOPBACK}
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 # tests/k8s/build/build.sh's pieces and the binaries each one puts in its bin/.
@@ -63,9 +69,15 @@ PIECES: dict[str, tuple[str, ...]] = {
     "pulumi": ("pulumi",),
     "pulumi-language-python": ("pulumi-language-python", "pulumi-language-python-exec"),
     "pulumi-kubernetes": ("pulumi-resource-kubernetes",),
+    # The real node (node.py).
+    "kubernetes-node": ("kubelet", "kube-proxy"),
+    "containerd": ("containerd", "containerd-shim-runc-v2", "ctr"),
+    "cni-plugins": ("bridge", "host-local", "loopback", "portmap"),
+    "coredns": ("coredns",),
+    "kube-router": ("kube-router",),
 }
 # versions.env names a piece's version <PIECE>_VERSION, except these.
-_VERSION_KEYS = {"pulumi-language-python": "pulumi"}
+_VERSION_KEYS = {"pulumi-language-python": "pulumi", "kubernetes-node": "kubernetes"}
 
 
 class BinariesMissing(RuntimeError):
@@ -202,7 +214,13 @@ class ControlPlane:
         rwx_volume: bool = True,
         ready_timeout_s: float = 120.0,
         keep: bool | None = None,
+        api_address: str | None = None,
     ) -> None:
+        """api_address: serve the API on this address instead of 127.0.0.1, added to
+        `lo` as a /32 for the control plane's lifetime (it must not be on the machine
+        already). A real node (node.py) needs it: pods reach the API server through
+        the `kubernetes` Service, whose endpoint cannot be a loopback address, and
+        the API server reaches the kubelet there."""
         pieces = ["kubernetes", "kine", "kwok"] + (["kuberay"] if kuberay_operator else [])
         self.bin = find_binaries(pieces)
         self.nodes = tuple(nodes)
@@ -214,6 +232,8 @@ class ControlPlane:
         self._operator_ports: tuple[int, int] = (0, 0)
         self.rwx_volume = rwx_volume
         self.ready_timeout_s = ready_timeout_s
+        self.api_address = api_address or LOOPBACK
+        self._added_lo_address = False
         self.keep = keep if keep is not None else os.environ.get("UERL_K8S_KEEP") == "1"
         self.workdir = Path()
         self.kubeconfig = Path()
@@ -262,8 +282,10 @@ class ControlPlane:
             op_probe,
         ) = free_ports(8)
         self._operator_ports = (op_metrics, op_probe)
+        if self.api_address != LOOPBACK:
+            self._add_lo_address()
         pki = self._make_pki()
-        self.server = f"https://{LOOPBACK}:{api_port}"
+        self.server = f"https://{self.api_address}:{api_port}"
         self.kubeconfig = self._write_kubeconfig(pki)
         self._env["KUBECONFIG"] = str(self.kubeconfig)
 
@@ -278,13 +300,25 @@ class ControlPlane:
         )
         self._wait(kine, lambda: _tcp_open(kine_port), "accepting connections")
 
+        # The "kubernetes" Service's endpoint would be 127.0.0.1, which Endpoints
+        # validation rejects: the API server keeps none. On api_address the one
+        # endpoint pods need is written once below, with nothing to reconcile.
+        node_flags = ["--endpoint-reconciler-type=none"]
+        if self.api_address != LOOPBACK:
+            node_flags += [
+                # Logs, exec and port-forward: the API server authenticates to the
+                # kubelet as the admin (the kubelet asks the API server to authorize).
+                f"--kubelet-client-certificate={pki['admin.crt']}",
+                f"--kubelet-client-key={pki['admin.key']}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
         apiserver = self._spawn(
             "kube-apiserver",
             [
                 str(self.bin["kube-apiserver"]),
                 f"--etcd-servers=http://{LOOPBACK}:{kine_port}",
-                f"--bind-address={LOOPBACK}",
-                f"--advertise-address={LOOPBACK}",
+                f"--bind-address={self.api_address}",
+                f"--advertise-address={self.api_address}",
                 f"--secure-port={api_port}",
                 f"--cert-dir={self.workdir / 'apiserver-certs'}",
                 f"--tls-cert-file={pki['serving.crt']}",
@@ -296,15 +330,20 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=RBAC",
                 "--allow-privileged=true",
-                # The "kubernetes" Service's endpoint would be 127.0.0.1, which
-                # Endpoints validation rejects: keep no endpoint for it.
-                "--endpoint-reconciler-type=none",
+                *node_flags,
                 "--profiling=false",
             ],
         )
         ctx = ssl.create_default_context(cafile=str(pki["ca.crt"]))
         ctx.load_cert_chain(str(pki["admin.crt"]), str(pki["admin.key"]))
         self._wait(apiserver, lambda: _http_ok(f"{self.server}/readyz", ctx), "/readyz")
+        if self.api_address != LOOPBACK:
+            slice_ = _as_list([_api_endpoint_slice(self.api_address, api_port)])
+            self._wait(
+                apiserver,
+                lambda: self.kubectl("apply", "-f", "-", input=slice_, check=False).returncode == 0,
+                "the kubernetes Service's EndpointSlice written",  # once "default" exists
+            )
 
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
@@ -391,6 +430,13 @@ class ControlPlane:
                 proc.stop()
             except BaseException as exc:  # keep stopping the others
                 errors.append(f"{proc.name} (pid {proc.popen.pid}): {exc!r}")
+        if self._added_lo_address:
+            try:
+                self._ip("addr", "del", f"{self.api_address}/32", "dev", "lo")
+                _LOCAL_ADDRESSES.discard(self.api_address)
+                self._added_lo_address = False
+            except ControlPlaneError as exc:
+                errors.append(str(exc))
         if self.workdir != Path() and self.workdir.exists():
             if self._failed or self.keep:
                 print(f"control plane work directory kept: {self.workdir}")
@@ -534,6 +580,24 @@ class ControlPlane:
         except ControlPlaneError as exc:
             raise ControlPlaneError(f"{exc}; last lines of {proc.log}:\n{tail(proc.log)}") from None
 
+    def _ip(self, *args: str) -> str:
+        result = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise ControlPlaneError(f"ip {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def _add_lo_address(self) -> None:
+        address = ipaddress.ip_address(self.api_address)  # also checks the format
+        on_lo = self._ip("-4", "-o", "addr", "show", "dev", "lo")
+        if f" {address}/" in on_lo:
+            raise ControlPlaneError(
+                f"{address} is already on lo: another control plane with a node, or one "
+                f"that was killed (then: ip addr del {address}/32 dev lo)"
+            )
+        self._ip("addr", "add", f"{address}/32", "dev", "lo")
+        self._added_lo_address = True
+        _LOCAL_ADDRESSES.add(str(address))
+
     def _openssl(self, *args: str) -> None:
         result = subprocess.run(
             ["openssl", *args], cwd=self.workdir / "pki", capture_output=True, text=True
@@ -554,6 +618,7 @@ class ControlPlane:
         )  # fmt: skip
         sans = [
             f"IP:{LOOPBACK}",
+            *([f"IP:{self.api_address}"] if self.api_address != LOOPBACK else []),
             "DNS:localhost",
             "IP:10.96.0.1",
             "DNS:kubernetes",
@@ -668,6 +733,23 @@ def _as_list(objects: Sequence[dict[str, Any]]) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)})
 
 
+def _api_endpoint_slice(address: str, port: int) -> dict[str, Any]:
+    """The "kubernetes" Service's endpoint (what the API server's reconciler would
+    write): kube-proxy sends 10.96.0.1:443 there."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "kubernetes",
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "kubernetes"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+    }
+
+
 def _node_manifest(node: FakeNode) -> dict[str, Any]:
     resources = {"cpu": node.cpu, "memory": node.memory, "pods": node.pods}
     return {
@@ -694,7 +776,7 @@ def _tcp_open(port: int) -> bool:
 
 
 def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
-    assert url.split("/")[2].split(":")[0] == LOOPBACK, url  # loopback only
+    assert url.split("/")[2].split(":")[0] in _LOCAL_ADDRESSES, url  # this machine only
     try:
         with urllib.request.urlopen(url, timeout=2, context=context) as resp:
             return bool(resp.status == 200)

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes pieces that tests/k8s runs (control plane, datastore,
-# KWOK, the KubeRay operator, the Pulumi CLI) from Go modules, into a cache
-# outside the work tree:
+# KWOK, the KubeRay operator, the Pulumi CLI, and the real node: kubelet,
+# kube-proxy, containerd, CNI plugins, CoreDNS, kube-router) from Go modules, into
+# a cache outside the work tree:
 #
 #   ${UERL_K8S_CACHE:-$HOME/.cache/uerl-k8s}/<name>-<version>/bin/
 #
 # A piece whose directory is complete is reused, so a second run is a no-op.
-# Everything comes through the `go` client from the Go module proxy; nothing
-# else is downloaded. Builds run under `nice -n 19` with `go build -p 1` so one
-# core stays free for other work.
+# Everything comes through the `go` client, from the module proxy of the user's Go
+# environment (`go env GOPROXY`, a company mirror say); nothing else is downloaded.
+# The user's GOFLAGS are kept (ours are appended). Builds run under `nice -n 19`
+# with `go build -p 1` so one core stays free for other work.
 #
 # Usage: tests/k8s/build/build.sh [--force] [PIECE...]
 #   PIECE: kubernetes kine kwok kuberay pulumi pulumi-language-python
-#          pulumi-kubernetes (default: all)
+#          pulumi-kubernetes kubernetes-node containerd cni-plugins coredns
+#          kube-router (default: all)
 #   --force: rebuild the named pieces even if they are cached
 #   --print-cache: print the cache directory and exit
 set -euo pipefail
@@ -26,7 +29,8 @@ CACHE=${UERL_K8S_CACHE:-$HOME/.cache/uerl-k8s}
 # Upstream sources the Go module proxy refuses, copied here by the steering repo.
 SHARED=${UERL_SHARED_DIR:-$(cd "$HERE/../../../.." && pwd)/shared}
 
-ALL_PIECES=(kubernetes kine kwok kuberay pulumi pulumi-language-python pulumi-kubernetes)
+ALL_PIECES=(kubernetes kine kwok kuberay pulumi pulumi-language-python pulumi-kubernetes
+  kubernetes-node containerd cni-plugins coredns kube-router)
 
 version_of() {
   case $1 in
@@ -37,6 +41,11 @@ version_of() {
     pulumi) echo "$PULUMI_VERSION" ;;
     pulumi-language-python) echo "$PULUMI_VERSION" ;;
     pulumi-kubernetes) echo "$PULUMI_KUBERNETES_VERSION" ;;
+    kubernetes-node) echo "$KUBERNETES_VERSION" ;;
+    containerd) echo "$CONTAINERD_VERSION" ;;
+    cni-plugins) echo "$CNI_PLUGINS_VERSION" ;;
+    coredns) echo "$COREDNS_VERSION" ;;
+    kube-router) echo "$KUBE_ROUTER_VERSION" ;;
     *) echo "unknown piece: $1" >&2; return 1 ;;
   esac
 }
@@ -55,8 +64,8 @@ done
 
 command -v go >/dev/null || { echo "build.sh: go is not on PATH" >&2; exit 1; }
 
-# Only the Go module proxy; never a VCS checkout, never a toolchain download.
-export GOPROXY=https://proxy.golang.org
+# GOPROXY is the user's (`go env GOPROXY`): never set here. Never a toolchain
+# download; static binaries.
 export GOTOOLCHAIN=local
 export CGO_ENABLED=0
 
@@ -69,8 +78,14 @@ elif [[ -n ${CI:-} ]]; then
 else
   JOBS=1
 fi
-export GOFLAGS="-p=$JOBS -buildvcs=false"
+# Appended to the user's GOFLAGS (from the environment or `go env -w`), not in
+# place of them; a flag given twice takes its last value.
+USER_GOFLAGS=$(go env GOFLAGS)
+GOFLAGS="${USER_GOFLAGS:+$USER_GOFLAGS }-p=$JOBS"
+[[ " $GOFLAGS " == *" -buildvcs="* ]] || GOFLAGS+=" -buildvcs=false"
+export GOFLAGS
 NICE=(nice -n 19)
+echo "build.sh: GOPROXY=$(go env GOPROXY) GOFLAGS=$GOFLAGS"
 
 # go build inside one of the wrapper modules beside this script (their go.mod and
 # go.sum are committed, so the build is read-only against them).
@@ -80,11 +95,12 @@ wrapper_build() { # DIR OUT LDFLAGS PKG...
   (cd "$HERE/$dir" && "${NICE[@]}" go build -mod=readonly -trimpath -ldflags "$ldflags" -o "$out/" "$@")
 }
 
-# go install PKG@VERSION of a module whose go.mod has no replace directives
+# go install PKG@VERSION... of a module whose go.mod has no replace directives
 # (its own go.sum is then used as is).
-module_install() { # OUT LDFLAGS PKG@VERSION
-  local out=$1 ldflags=$2 target=$3
-  (cd "$out" && GOBIN="$out" "${NICE[@]}" go install -trimpath -ldflags "$ldflags" "$target")
+module_install() { # OUT LDFLAGS PKG@VERSION...
+  local out=$1 ldflags=$2
+  shift 2
+  (cd "$out" && GOBIN="$out" "${NICE[@]}" go install -trimpath -ldflags "$ldflags" "$@")
 }
 
 require() { # WRAPPER-DIR MODULE VERSION: the wrapper's go.mod must pin the same version
@@ -92,7 +108,7 @@ require() { # WRAPPER-DIR MODULE VERSION: the wrapper's go.mod must pin the same
     { echo "$1/go.mod does not require $2 $3 (versions.env)" >&2; return 1; }
 }
 
-build_kubernetes() { # OUT
+kubernetes_ldflags() { # the version the binaries report (or they say v0.0.0-master)
   local v=$KUBERNETES_VERSION minor ldflags="-s -w" key val pkg
   minor=${v#v*.}
   minor=${minor%%.*}
@@ -109,8 +125,12 @@ build_kubernetes() { # OUT
       ldflags+=" -X $pkg.$key=$val"
     done
   done
-  require kubernetes k8s.io/kubernetes "$v"
-  wrapper_build kubernetes "$1" "$ldflags" \
+  echo "$ldflags"
+}
+
+build_kubernetes() { # OUT
+  require kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION"
+  wrapper_build kubernetes "$1" "$(kubernetes_ldflags)" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
@@ -189,6 +209,43 @@ build_pulumi-kubernetes() { # OUT
     -ldflags "-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$v" \
     -o "$1/pulumi-resource-kubernetes" ./cmd/pulumi-resource-kubernetes)
   rm -rf "$src"
+}
+
+# ---- the real node (tests/k8s/node.py) ----------------------------------------
+
+build_kubernetes-node() { # OUT
+  # Its own wrapper module, so that adding the node left the control plane's
+  # cached build (and its go.mod) as it was.
+  require kubernetes-node k8s.io/kubernetes "$KUBERNETES_VERSION"
+  wrapper_build kubernetes-node "$1" "$(kubernetes_ldflags)" \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy
+}
+
+build_containerd() { # OUT
+  # no_btrfs: the btrfs snapshotter needs cgo.
+  local m=github.com/containerd/containerd/v2 v=$CONTAINERD_VERSION
+  GOFLAGS="$GOFLAGS -tags=no_btrfs" module_install "$1" \
+    "-s -w -X $m/version.Version=$v" \
+    "$m/cmd/containerd@$v" "$m/cmd/containerd-shim-runc-v2@$v" "$m/cmd/ctr@$v"
+}
+
+build_cni-plugins() { # OUT
+  local m=github.com/containernetworking/plugins v=$CNI_PLUGINS_VERSION
+  module_install "$1" "-s -w -X $m/pkg/utils/buildversion.BuildVersion=$v" \
+    "$m/plugins/main/bridge@$v" "$m/plugins/ipam/host-local@$v" \
+    "$m/plugins/main/loopback@$v" "$m/plugins/meta/portmap@$v"
+}
+
+build_coredns() { # OUT
+  module_install "$1" "-s -w" "github.com/coredns/coredns@$COREDNS_VERSION"
+}
+
+build_kube-router() { # OUT
+  local m=github.com/cloudnativelabs/kube-router/v2
+  module_install "$1" \
+    "-s -w -X $m/pkg/version.Version=$KUBE_ROUTER_VERSION -X $m/pkg/version.BuildDate=1970-01-01T00:00:00Z" \
+    "$m/cmd/kube-router@$KUBE_ROUTER_VERSION"
 }
 
 status=0
