@@ -34,8 +34,9 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
+
+from lifecycle import StartStop
 
 HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
@@ -195,7 +196,7 @@ class FakeNode:
     pods: str = "110"
 
 
-class ControlPlane:
+class ControlPlane(StartStop):
     """Context manager: a control plane with KWOK nodes (and the KubeRay operator).
 
     `kubeconfig` is the admin kubeconfig; `kubectl(...)` runs the built kubectl
@@ -246,24 +247,6 @@ class ControlPlane:
         self._failed = False
 
     # ---- lifecycle -----------------------------------------------------------
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:  # also KeyboardInterrupt: stop what was started
-            self._failed = True
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._failed = self._failed or exc_type is not None
-        self.stop()
 
     def start(self) -> None:
         self._t0 = time.monotonic()

@@ -41,8 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from controlplane import (
     LOOPBACK,
@@ -59,6 +58,7 @@ from controlplane import (
     free_ports,
     tail,
 )
+from lifecycle import StartStop
 from node_images import Image, pause_image
 
 HERE = Path(__file__).resolve().parent
@@ -265,7 +265,7 @@ def mounts_under(root: Path) -> list[str]:
 # ---- the node ------------------------------------------------------------------------
 
 
-class Node:
+class Node(StartStop):
     """Context manager: a real node named `name` (kubelet, containerd, CNI, kube-proxy,
     CoreDNS, kube-router) registered with `control_plane`, which must serve on a
     non-loopback address (ControlPlane(api_address=NODE_API_ADDRESS)).
@@ -311,24 +311,6 @@ class Node:
         self._ports: dict[str, int] = {}
 
     # ---- lifecycle -------------------------------------------------------------------
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:  # also KeyboardInterrupt: undo what was done
-            self._failed = True
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._failed = self._failed or exc_type is not None
-        self.stop()
 
     @property
     def containerd_socket(self) -> Path:
