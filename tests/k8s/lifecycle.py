@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Self
 
 
-class StartStop:
+class StartStop(ABC):
     """`with X() as x:` runs `start()`; `stop()` runs on every exit path, also when
     `start()` itself fails half-way (KeyboardInterrupt included), with `_failed` set so
     the piece keeps its logs."""
 
     _failed: bool = False
 
-    def start(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def start(self) -> None: ...
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def stop(self) -> None: ...
 
     def __enter__(self) -> Self:
         try:
