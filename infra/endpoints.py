@@ -116,6 +116,11 @@ class Endpoints(BaseModel):
     )
     num_learners: int = Field(ge=0, description="X: learner nodes")
     custom_resource: str = Field(description="Ray resource each env-runner node advertises")
+    learner_custom_resource: str | None = Field(
+        default=None,
+        description="Ray resource each learner node advertises, one unit per learner; "
+        "None: learners go to any node with room",
+    )
     resources: Resources
     simulator_startup_timeout_s: float = Field(gt=0)
     tls: GameTLS | None = Field(default=None, description="TLS to the games; None: plaintext")

@@ -101,6 +101,18 @@ def _quantity(value: str) -> str:
 Quantity = Annotated[str, BeforeValidator(_config_text), AfterValidator(_quantity)]
 
 
+def _resource_name(value: str) -> str:
+    if not RESOURCE_NAME.match(value) or value in ("CPU", "GPU", "memory"):
+        raise ValueError(
+            f"{value!r} is not a usable Ray custom resource name "
+            "(letters, digits and '_', not starting with a digit, not CPU/GPU/memory)"
+        )
+    return value
+
+
+ResourceName = Annotated[str, BeforeValidator(_config_text), AfterValidator(_resource_name)]
+
+
 class Toleration(_Spec):
     """A Kubernetes toleration of the group's pods (the pod spec's own fields)."""
 
@@ -171,6 +183,11 @@ class _NodeGroupSpec(_Spec):
 class LearnerSpec(_NodeGroupSpec):
     """X learner nodes. replicas 0 trains on the driver."""
 
+    # The Ray resource each learner node advertises (one unit); every learner needs
+    # one, so learners run only on learner nodes (never on a worker node, whose pod a
+    # shrink may delete, or beside a game).
+    custom_resource: ResourceName = "uerl_learner"
+
     # X: how many learner nodes (one RLlib learner each); 0 learns on the driver.
     replicas: int = Field(default=1, ge=0, le=256)
     # CPUs of each learner's Ray container (requests = limits).
@@ -189,17 +206,7 @@ class WorkerSpec(_NodeGroupSpec):
     # Y: how many env-runner nodes, one game and one env runner each.
     replicas: int = Field(default=2, ge=0, le=1000)
     # The Ray resource each worker advertises (one unit); every env runner needs one.
-    custom_resource: Text = "ue_worker"
-
-    @field_validator("custom_resource")
-    @classmethod
-    def _resource_name(cls, value: str) -> str:
-        if not RESOURCE_NAME.match(value) or value in ("CPU", "GPU", "memory"):
-            raise ValueError(
-                f"{value!r} is not a usable Ray custom resource name "
-                "(letters, digits and '_', not starting with a digit, not CPU/GPU/memory)"
-            )
-        return value
+    custom_resource: ResourceName = "ue_worker"
 
 
 class GameTLSSpec(_Spec):
@@ -472,6 +479,17 @@ class Topology(_Spec):
         return _dns_label(value, max_len=40)
 
     @model_validator(mode="after")
+    def _two_custom_resources(self) -> Topology:
+        if self.learners.custom_resource == self.workers.custom_resource:
+            raise FieldError(
+                ("learners", "custom_resource"),
+                f"{self.learners.custom_resource!r} is also workers.custom_resource: "
+                "learners and env runners need resources of their own, or a learner "
+                "could take a worker node's place",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tls_has_a_server(self) -> Topology:
         if self.simulator.tls is not None and self.game_tls_server is None:
             raise FieldError(
@@ -586,6 +604,7 @@ class Topology(_Spec):
             num_env_runners=self.workers.replicas,
             num_learners=self.learners.replicas,
             custom_resource=self.workers.custom_resource,
+            learner_custom_resource=self.learners.custom_resource,
             resources=Resources(
                 cpus_per_learner=self.learners.cpus,
                 gpus_per_learner=self.learners.gpus,

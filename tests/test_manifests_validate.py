@@ -139,7 +139,15 @@ def test_custom_resource_is_read_by_the_ray_autoscaler() -> None:
 
 def test_custom_resource_name_comes_from_the_topology() -> None:
     topology = dev_topology("topology.workers.custom_resource=game_slot")
-    assert custom_resources_param(topology) == """'{"game_slot":1}'"""
+    workers = groups(manifests.build(topology).raycluster)["workers"]["rayStartParams"]
+    assert workers["resources"] == custom_resources_param("game_slot") == """'{"game_slot":1}'"""
+
+
+def test_learner_nodes_advertise_the_learner_resource() -> None:
+    """Learners ask for one unit of it, so Ray never puts one on a worker node (whose pod
+    a shrink may delete, learner and all)."""
+    params = groups(built("dev-sidecar").raycluster)["learners"]["rayStartParams"]
+    assert json.loads(params["resources"].strip("'")) == {"uerl_learner": 1}
 
 
 # -- the game's container -------------------------------------------------------------------

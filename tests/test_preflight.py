@@ -25,9 +25,14 @@ BOUND_S = 60.0
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
-    # 1 learner node of 2 CPUs, 2 worker nodes of 1 CPU + 1 ue_worker each.
+    # 1 learner node of 2 CPUs + 1 uerl_learner, 2 worker nodes of 1 CPU + 1 ue_worker each.
     specs = node_specs(
-        learners=1, learner_cpus=2, workers=2, worker_cpus=1, custom_resource="ue_worker"
+        learners=1,
+        learner_cpus=2,
+        workers=2,
+        worker_cpus=1,
+        custom_resource="ue_worker",
+        learner_resource="uerl_learner",
     )
     with LocalRayCluster(specs) as started:
         yield started
@@ -110,6 +115,17 @@ def test_learner_larger_than_any_node_fails_even_if_total_cpus_suffice(
     resources = Resources(cpus_per_learner=3, gpus_per_learner=0, cpus_per_env_runner=0)
     message, _ = timed_failure(endpoints_for(cluster, game, resources=resources), timeout_s=10)
     assert "room for 1 learner(s) of 3 CPU" in message and "room for 0" in message
+
+
+def test_learners_go_only_to_nodes_advertising_the_learner_resource(
+    cluster: LocalRayCluster, game: str
+) -> None:
+    # The learner node's 2 CPUs would fit both 0.5-CPU learners, but it has one unit.
+    resources = Resources(cpus_per_learner=0.5, gpus_per_learner=0, cpus_per_env_runner=0)
+    endpoints = endpoints_for(cluster, game, resources=resources, num_learners=2)
+    message, _ = timed_failure(endpoints, timeout_s=10)
+    assert "must fit on a node advertising 'uerl_learner', one unit per learner" in message
+    assert "room for 1 after placing 2 env runner(s), 1 unit(s) of 'uerl_learner'" in message
 
 
 def test_learner_gpus_missing_fails(cluster: LocalRayCluster, game: str) -> None:

@@ -29,9 +29,9 @@ ENDPOINTS_VOLUME = "uerl-endpoints"
 READY_CONDITIONS = ["condition=HeadPodReady", "condition=RayClusterProvisioned"]
 
 
-def custom_resources_param(topology: Topology) -> str:
-    """rayStartParams.resources for env-runner nodes, e.g. `'{"ue_worker":1}'`."""
-    compact = json.dumps({topology.workers.custom_resource: 1}, separators=(",", ":"))
+def custom_resources_param(resource: str) -> str:
+    """rayStartParams.resources advertising one unit of `resource`, e.g. `'{"ue_worker":1}'`."""
+    compact = json.dumps({resource: 1}, separators=(",", ":"))
     return f"'{compact}'"
 
 
@@ -101,8 +101,9 @@ def _learners(topology: Topology) -> dict[str, Any]:
     return {
         "groupName": LEARNER_GROUP,
         **_fixed_size(spec.replicas),
-        # num-cpus / num-gpus come from the container limits.
-        "rayStartParams": {},
+        # num-cpus / num-gpus come from the container limits; the learner resource
+        # keeps learners here (a worker node's CPUs would fit one too).
+        "rayStartParams": {"resources": custom_resources_param(spec.custom_resource)},
         "template": _pod_template(topology, "ray-learner", pod_spec),
     }
 
@@ -130,7 +131,7 @@ def _workers(topology: Topology) -> dict[str, Any]:
     return {
         "groupName": WORKER_GROUP,
         **_fixed_size(spec.replicas),
-        "rayStartParams": {"resources": custom_resources_param(topology)},
+        "rayStartParams": {"resources": custom_resources_param(spec.custom_resource)},
         "template": _pod_template(topology, "ray-env-runner", pod_spec),
     }
 

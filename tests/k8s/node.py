@@ -533,6 +533,10 @@ class Node(StartStop):
                 )
             time.sleep(0.2)
 
+    def ctr(self, *args: str) -> str:
+        """`ctr ARGS` against this node's containerd: its output."""
+        return self._ctr(*args).stdout
+
     def _ctr(
         self, *args: str, check: bool = True, timeout_s: float = 60
     ) -> subprocess.CompletedProcess[str]:
@@ -712,6 +716,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.de
                 "nodefs.inodesFree": "1%",
             },
             "serializeImagePulls": False,
+            # Requests still decide what fits (scheduling, Ray's advertised CPUs), but a
+            # whole uerl stack shares these 2 cores: with CFS quotas its 0.2-CPU pods
+            # would train at a fifth of a core each while the other sits idle.
+            "cpuCFSQuota": False,
             "nodeStatusUpdateFrequency": "4s",
             "syncFrequency": "10s",
         }

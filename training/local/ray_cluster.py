@@ -96,6 +96,7 @@ def node_specs(
     worker_cpus: float,
     custom_resource: str,
     learner_gpus: int = 0,
+    learner_resource: str | None = None,
 ) -> list[NodeSpec]:
     """Head + X learner nodes + Y worker nodes.
 
@@ -103,8 +104,12 @@ def node_specs(
     cores), so fractional topology CPUs are rounded up.
     """
     specs = [NodeSpec("head", "head", 0)]
+    # As on Kubernetes: learner nodes advertise the learner resource, one unit each.
+    learner_units = {learner_resource: 1.0} if learner_resource else {}
     specs += [
-        NodeSpec(f"learner{i}", "learner", math.ceil(learner_cpus), learner_gpus)
+        NodeSpec(
+            f"learner{i}", "learner", math.ceil(learner_cpus), learner_gpus, dict(learner_units)
+        )
         for i in range(1, learners + 1)
     ]
     specs += [

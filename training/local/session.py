@@ -59,6 +59,7 @@ def run_local(
             workers=topology.workers.replicas,
             worker_cpus=topology.workers.cpus,
             custom_resource=topology.workers.custom_resource,
+            learner_resource=topology.learners.custom_resource,
         ),
         log_dir=run_dir / "logs",
         dashboard=dashboard,

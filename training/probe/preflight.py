@@ -37,6 +37,8 @@ class NodeRoom:
     custom: float
     # The node's total of the custom resource (available + held by running actors).
     custom_total: float = 0.0
+    # Available units of the learner resource (learner nodes advertise one each).
+    learner_units: float = 0.0
 
     def describe(self, resource: str) -> str:
         return (
@@ -153,7 +155,9 @@ def connect_ray(
         ray.init(address=address, **kwargs)
 
 
-def node_rooms(resource: str, *, timeout_s: float = 30.0) -> list[NodeRoom]:
+def node_rooms(
+    resource: str, *, learner_resource: str | None = None, timeout_s: float = 30.0
+) -> list[NodeRoom]:
     """Available resources per alive node, as the GCS sees them now.
 
     A Ray Client driver (`ray://`) has no view of per-node usage (no state accessor),
@@ -163,9 +167,9 @@ def node_rooms(resource: str, *, timeout_s: float = 30.0) -> list[NodeRoom]:
     import ray
 
     if not ray.util.client.ray.is_connected():
-        return _node_rooms_here(resource)
+        return _node_rooms_here(resource, learner_resource)
     task = ray.remote(_node_rooms_here).options(num_cpus=0, max_retries=0)
-    ref = task.remote(resource)
+    ref = task.remote(resource, learner_resource)
     try:
         rooms: list[NodeRoom] = ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -177,7 +181,7 @@ def node_rooms(resource: str, *, timeout_s: float = 30.0) -> list[NodeRoom]:
     return rooms
 
 
-def _node_rooms_here(resource: str) -> list[NodeRoom]:
+def _node_rooms_here(resource: str, learner_resource: str | None = None) -> list[NodeRoom]:
     """`node_rooms` in a process connected to the GCS (a driver or a Ray worker)."""
     import ray
     from ray._private import state
@@ -198,6 +202,7 @@ def _node_rooms_here(resource: str) -> list[NodeRoom]:
                 gpus=float(res.get("GPU", 0.0)),
                 custom=float(res.get(resource, 0.0)),
                 custom_total=float(total.get(resource, 0.0)),
+                learner_units=float(res.get(learner_resource, 0.0)) if learner_resource else 0.0,
             )
         )
     return rooms
@@ -220,9 +225,13 @@ def place_learners(
 
     Returns (learner node addresses, remaining room per node). A learner must
     fit whole on one node; learners may share a node that has room for several.
+    With `learner_custom_resource`, only nodes advertising it take learners, one per
+    unit (as Ray will place them).
     """
+    pinned = endpoints.learner_custom_resource is not None
     res = endpoints.resources
     left = [(r, r.cpus, r.gpus) for r in rooms]
+    units = [r.learner_units for r in rooms]
     # Env runners first: each takes a unit of the custom resource and its CPUs.
     runners = endpoints.num_env_runners
     for i, (room, cpus, gpus) in enumerate(left):
@@ -240,12 +249,14 @@ def place_learners(
             (cpus, i)
             for i, (_, cpus, gpus) in enumerate(left)
             if fits(cpus, gpus, res.cpus_per_learner, res.gpus_per_learner) >= 1
+            and (not pinned or units[i] + _EPS >= 1)
         ]
         if not candidates:
             break
         _, i = max(candidates)
         room, cpus, gpus = left[i]
         left[i] = (room, cpus - res.cpus_per_learner, gpus - res.gpus_per_learner)
+        units[i] -= 1
         placed.append(room.address)
     return placed, left
 
@@ -292,11 +303,14 @@ def check_resources(endpoints: Endpoints, rooms: list[NodeRoom]) -> list[str]:
         )
     placed, _ = place_learners(endpoints, rooms)
     if len(placed) < endpoints.num_learners:
+        pin = endpoints.learner_custom_resource
+        where = f"a node advertising {pin!r}, one unit per learner" if pin else "one node"
+        units = f", {sum(r.learner_units for r in rooms):g} unit(s) of {pin!r}" if pin else ""
         raise PreflightError(
             f"learners: expected room for {endpoints.num_learners} learner(s) of "
             f"{res.cpus_per_learner:g} CPU + {res.gpus_per_learner:g} GPU each (a learner "
-            f"must fit on one node), the cluster has room for {len(placed)} after placing "
-            f"{need} env runner(s).\n  nodes (available):\n    {have_nodes}"
+            f"must fit on {where}), the cluster has room for {len(placed)} after placing "
+            f"{need} env runner(s){units}.\n  nodes (available):\n    {have_nodes}"
         )
     return placed
 
@@ -348,7 +362,11 @@ def preflight(
     start = time.monotonic()
     address = ray_address or endpoints.ray.gcs_address
     connect_ray(address, timeout_s=timeout_s, runtime_env=runtime_env)
-    rooms = node_rooms(endpoints.custom_resource, timeout_s=timeout_s)
+    rooms = node_rooms(
+        endpoints.custom_resource,
+        learner_resource=endpoints.learner_custom_resource,
+        timeout_s=timeout_s,
+    )
     placement = check_resources(endpoints, rooms)
     remaining = max(1.0, timeout_s - (time.monotonic() - start))
     check_discovery(endpoints, timeout_s=remaining)

@@ -185,6 +185,12 @@ def _switch_algo(config: Any, algo: hp.Algo) -> Any:
     return cls().update_from_dict(carried)
 
 
+def learner_resources(endpoints: Endpoints) -> dict[str, float]:
+    """What each remote learner asks Ray for besides CPUs and GPUs."""
+    resource = endpoints.learner_custom_resource
+    return {resource: 1.0} if resource and endpoints.num_learners > 0 else {}
+
+
 def build_algo_config(
     endpoints: Endpoints,
     game: GameSpec,
@@ -235,6 +241,9 @@ def build_algo_config(
             num_learners=endpoints.num_learners,
             num_cpus_per_learner=res.cpus_per_learner,
             num_gpus_per_learner=res.gpus_per_learner,
+            # One unit each of what only learner nodes advertise: a learner never lands
+            # on a worker node, whose pod a shrink may delete (and the learner with it).
+            custom_resources_per_learner=learner_resources(endpoints),
         )
         .training(**training)
         # Game faults never reach RLlib (UEEnvRunner reconnects by itself); these cover

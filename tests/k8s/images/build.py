@@ -5,11 +5,11 @@
                                      [--torch-cuda stub|pypi]
     python tests/k8s/images/build.py --engine docker [--dry-run]   # a machine with Docker
 
-Images: ray, mock-ue (tagged as infra/topology.py says) and kuberay-operator (tagged as
-the KubeRay chart's values.yaml says). Needs root, buildah and debootstrap
-(tests/k8s/build/install-node-packages.sh), the project's .venv (`make setup`: torch
-with its CUDA wheels, for the stubs), cargo, and for the operator the binary
-tests/k8s/build/build.sh builds.
+Images: ray, mock-ue (tagged as infra/topology.py says) and kuberay-operator (the chart's
+repository, tagged with the binary's own version: a stack sets `operator.values.image.tag`).
+Needs root, buildah and debootstrap (tests/k8s/build/install-node-packages.sh), the
+project's .venv (`make setup`: torch with its CUDA wheels, for the stubs), cargo, and for
+the operator the binary tests/k8s/build/build.sh builds.
 
 Into ${UERL_IMAGE_CACHE:-~/.cache/uerl-images} (outside the work tree):
   base/<hash>/base.tar     a Debian bookworm rootfs (debootstrap --variant=minbase with
@@ -409,20 +409,29 @@ def build_image(image: Image, context: Path, base: Path | None, inputs: str) -> 
     return archive
 
 
-def chart_image_ref() -> str:
-    """repository:tag of the chart's default operator image (its values.yaml)."""
+def chart_image_repository() -> str:
+    """The repository of the chart's default operator image (its values.yaml)."""
     values = (CHART / "values.yaml").read_text()
     block = re.search(r"^image:\n((?:[ #].*\n|\n)+)", values, re.MULTILINE)
     assert block, f"no image: block in {CHART / 'values.yaml'}"
     repo = re.search(r"^\s+repository:\s*(\S+)", block.group(1), re.MULTILINE)
-    tag = re.search(r"^\s+tag:\s*(\S+)", block.group(1), re.MULTILINE)
-    assert repo and tag, "values.yaml image: has no repository/tag"
-    return f"{repo.group(1)}:{tag.group(1)}"
+    assert repo, "values.yaml image: has no repository"
+    return repo.group(1)
+
+
+def kuberay_version() -> str:
+    versions = dict(re.findall(r"^(\w+)=(\S+)$", VERSIONS_ENV.read_text(), re.MULTILINE))
+    return versions["KUBERAY_VERSION"]
+
+
+def operator_image_ref() -> str:
+    """The chart's repository at the binary's own version (the proxy serves no v1.7.0
+    module): a stack running the chart sets `operator.values.image.tag` to it."""
+    return f"{chart_image_repository()}:{kuberay_version()}"
 
 
 def kuberay_binary() -> Path:
-    versions = dict(re.findall(r"^(\w+)=(\S+)$", VERSIONS_ENV.read_text(), re.MULTILINE))
-    return K8S_CACHE / f"kuberay-{versions['KUBERAY_VERSION']}" / "bin" / "kuberay-operator"
+    return K8S_CACHE / f"kuberay-{kuberay_version()}" / "bin" / "kuberay-operator"
 
 
 def qualified(ref: str) -> str:
@@ -452,7 +461,7 @@ def images(native_dir: Path | None, stubs_dir: Path | None, torch_cuda: str) -> 
         Image("ray", ray_ref, ROOT / "docker" / "ray.Dockerfile", extra=ray_extra,
               build_args={"TORCH_CUDA": torch_cuda}),
         Image("mock-ue", mock_ref, ROOT / "docker" / "mock-ue.Dockerfile"),
-        Image("kuberay-operator", chart_image_ref(),
+        Image("kuberay-operator", operator_image_ref(),
               ROOT / "docker" / "kuberay-operator.Dockerfile",
               extra={"kuberay-operator": kuberay_binary()}, uses_base=False),
     ]

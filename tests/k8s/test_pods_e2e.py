@@ -1,0 +1,617 @@
+"""The whole mission on real pods: `pulumi up`, train on the cluster, rescale while it
+trains, lose a game, fence the stack, switch to networked games over TLS running a
+packaged build from the shared volume, `pulumi destroy`.
+
+One control plane, one real node (node.py: containerd and runc, the kubelet, CNI,
+kube-proxy, CoreDNS, kube-router) and the project's images (images/build.py) imported
+into it. The real Pulumi CLI, language host and Kubernetes provider run uerl's program;
+the KubeRay operator runs from its chart's Deployment. Training is what a user runs:
+`ray job submit` through `kubectl port-forward` to the head's dashboard, `uerl train`
+reading `/etc/uerl/endpoints.json`, `kubectl cp` of the checkpoint and `uerl export` on
+this machine. The tests run in file order and share the `dev` stack: each stage is a
+module fixture, each test checks one thing of what it left.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controlplane import ControlPlane
+from node import Node
+from node_images import busybox_image
+from pods_stack import (
+    CLUSTER,
+    NAMESPACE,
+    TRAIN_ARGS,
+    UERL,
+    GameFiles,
+    PortForward,
+    RayJobs,
+    connects,
+    exec_in,
+    head_pod,
+    images_build,
+    lines_after,
+    pod_ip,
+    progress,
+    ray_pods,
+    stack_settings,
+    write_json,
+)
+from pulumi_project import PulumiProject, Result
+from stacks import running_and_ready
+
+pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(3600)]
+
+RUN_DIR = "/home/ray/runs/pods"  # on the head, where the job runs
+OUTSIDER_NS = "outsider"
+TLS_SECRET = "uerl-game-tls"
+
+
+@dataclass
+class Figures:
+    """Measured along the way; printed and written to the work directory at the end."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.values[key] = value
+        print(f"figure {key}: {value}")
+
+
+@pytest.fixture(scope="module")
+def figures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Figures]:
+    out = Figures()
+    yield out
+    path = tmp_path_factory.mktemp("figures") / "pods-figures.json"
+    write_json(path, out.values)
+    print(f"figures in {path}:\n{json.dumps(out.values, indent=2)}")
+
+
+@pytest.fixture(scope="module")
+def busybox_ref(node: Node) -> str:
+    img = busybox_image()
+    node.import_image(img.archive)
+    return img.ref
+
+
+@pytest.fixture(scope="module")
+def images(node: Node, figures: Figures, busybox_ref: str) -> dict[str, str]:
+    """The Ray, mock game and operator images, imported into the node."""
+    ray_ref, mock_ref = images_build.topology_refs()
+    refs = {
+        "ray": images_build.qualified(ray_ref),
+        "mock-ue": images_build.qualified(mock_ref),
+        "operator": images_build.qualified(images_build.operator_image_ref()),
+        "busybox": busybox_ref,
+    }
+    start = time.monotonic()
+    node.import_images_from_index([refs["ray"], refs["mock-ue"], refs["operator"]])
+    figures["image_import_s"] = round(time.monotonic() - start, 1)
+    return refs
+
+
+@pytest.fixture(scope="module")
+def project(
+    node_control_plane: ControlPlane, node: Node, tmp_path_factory: pytest.TempPathFactory
+) -> PulumiProject:
+    return PulumiProject(tmp_path_factory.mktemp("pulumi"), node_control_plane.kubeconfig)
+
+
+@dataclass
+class Up:
+    result: Result
+    started: float  # time.monotonic() when `pulumi up` began
+
+
+@pytest.fixture(scope="module")
+def dev_stack(project: PulumiProject, images: dict[str, str], figures: Figures) -> Up:
+    """`pulumi stack init dev`, the machine's overrides, `pulumi up`."""
+    project.new_stack("dev", stack_settings(images["busybox"]))
+    started = time.monotonic()
+    result = project.up("dev", "--skip-preview", timeout_s=900)
+    figures["pulumi_up_s"] = round(result.seconds, 1)
+    return Up(result, started)
+
+
+@pytest.fixture(scope="module")
+def dashboard(
+    node_control_plane: ControlPlane, dev_stack: Up, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PortForward]:
+    with PortForward(
+        node_control_plane, tmp_path_factory.mktemp("forward"), f"{CLUSTER}-head-svc", 8265
+    ) as forward:
+        yield forward
+
+
+@pytest.fixture(scope="module")
+def jobs(dashboard: PortForward) -> RayJobs:
+    return RayJobs(dashboard)
+
+
+# ---- a. `pulumi up` on real pods ------------------------------------------------------
+
+
+def test_up_runs_the_operator_from_its_chart_on_the_node(
+    node_control_plane: ControlPlane, node: Node, dev_stack: Up, images: dict[str, str]
+) -> None:
+    pods = node_control_plane.get_json(
+        "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=kuberay-operator"
+    )["items"]
+    assert len(pods) == 1 and running_and_ready(pods[0]), pods
+    assert pods[0]["spec"]["nodeName"] == node.name
+    status = pods[0]["status"]["containerStatuses"][0]
+    assert status["image"] == images["operator"] and status["ready"]
+
+
+def test_up_returns_with_every_ray_pod_ready_through_its_probes(
+    node_control_plane: ControlPlane, dev_stack: Up
+) -> None:
+    pods = ray_pods(node_control_plane)
+    groups = sorted(p["metadata"]["labels"]["ray.io/group"] for p in pods)
+    assert groups == ["headgroup", "learners", "workers", "workers"]
+    for pod in pods:
+        assert running_and_ready(pod), pod["metadata"]["name"]
+        ray = pod["spec"]["containers"][0]
+        # KubeRay's own probes, met by the running Ray processes.
+        assert ray.get("readinessProbe") and ray.get("livenessProbe"), ray["name"]
+
+
+def test_sidecar_games_started_before_the_ray_container_and_are_ready(
+    node_control_plane: ControlPlane, dev_stack: Up
+) -> None:
+    for pod in ray_pods(node_control_plane, "workers"):
+        statuses = {s["name"]: s for s in pod["status"]["initContainerStatuses"]}
+        game = statuses["ue"]
+        assert game["ready"] and game["started"], game
+        ray = pod["status"]["containerStatuses"][0]
+        assert game["state"]["running"]["startedAt"] <= ray["state"]["running"]["startedAt"]
+
+
+def test_the_head_mounts_the_endpoints_the_stack_exports(
+    node_control_plane: ControlPlane, project: PulumiProject, dev_stack: Up
+) -> None:
+    cp = node_control_plane
+    mounted = exec_in(cp, NAMESPACE, head_pod(cp), "cat", "/etc/uerl/endpoints.json")
+    assert json.loads(mounted) == project.outputs("dev")["endpoints"]
+
+
+# ---- g. the restricted Pod Security Standard --------------------------------------------
+
+
+def test_the_namespace_enforces_restricted_and_every_pod_runs(
+    node_control_plane: ControlPlane, dev_stack: Up
+) -> None:
+    cp = node_control_plane
+    labels = cp.get_json("namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = cp.get_json("pods", "-n", NAMESPACE)["items"]
+    assert len(pods) == 5  # operator, head, learner, two workers
+    assert all(running_and_ready(p) for p in pods)
+
+
+def test_the_namespace_refuses_a_pod_that_breaks_restricted(
+    node_control_plane: ControlPlane, dev_stack: Up, images: dict[str, str]
+) -> None:
+    """The standard is enforced, not only labelled: a root pod is refused."""
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "root-pod", "namespace": NAMESPACE},
+        "spec": {"containers": [{"name": "c", "image": images["busybox"],
+                                 "securityContext": {"runAsUser": 0}}]},
+    }  # fmt: skip
+    done = node_control_plane.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False
+    )
+    assert done.returncode != 0
+    assert 'violates PodSecurity "restricted' in done.stderr, done.stderr
+
+
+# ---- b, c, d. training as a user runs it, rescaled and losing a pod while it trains ---
+
+
+@dataclass
+class SidecarRun:
+    """The sidecar job's log at each step of the scenario."""
+
+    logs: dict[str, str] = field(default_factory=dict)
+    workers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    runner_node_ips: list[str] = field(default_factory=list)
+    status: str = ""
+
+
+def _config_up(project: PulumiProject, path: str, value: str) -> Result:
+    project.config_set("dev", path, value)
+    return project.up("dev", "--skip-preview", timeout_s=900)
+
+
+def _runner_node_ips(cp: ControlPlane) -> list[str]:
+    """The addresses of the Ray nodes the job's live env runners are on (Ray's state API
+    on the head)."""
+    head = head_pod(cp)
+    actors = json.loads(exec_in(
+        cp, NAMESPACE, head, "ray", "list", "actors", "--format", "json", "--limit", "1000",
+        "--filter", "class_name=UEEnvRunner", "--filter", "state=ALIVE",
+    ))  # fmt: skip
+    nodes = json.loads(exec_in(cp, NAMESPACE, head, "ray", "list", "nodes", "--format", "json"))
+    ip_of = {n["node_id"]: n["node_ip"] for n in nodes}
+    return sorted(ip_of[a["node_id"]] for a in actors)
+
+
+def _after_last_rescale_runners(log: str, marker: str, want: tuple[int, int]) -> bool:
+    return any(p.runners == want for p in progress(lines_after(log, marker)))
+
+
+SIDECAR_JOB = "uerl-pods-sidecar"
+
+
+@pytest.fixture(scope="module")
+def sidecar_run(
+    node_control_plane: ControlPlane,
+    project: PulumiProject,
+    dev_stack: Up,
+    jobs: RayJobs,
+    figures: Figures,
+) -> SidecarRun:
+    cp = node_control_plane
+    run = SidecarRun()
+    jobs.submit(SIDECAR_JOB, ["uerl", "train", "--run-dir", RUN_DIR, "--iterations", "1000",
+                              *TRAIN_ARGS])  # fmt: skip
+    log = jobs.wait_for(SIDECAR_JOB, lambda log: bool(progress(log)), "the first iteration", 600)
+    figures["up_to_first_iteration_s"] = round(time.monotonic() - dev_stack.started, 1)
+    log = jobs.wait_for(
+        SIDECAR_JOB, lambda log: len(progress(log)) >= 8, "8 iterations on 2 games", 600
+    )
+    rates = [p.steps_per_s for p in progress(log)[2:8]]
+    figures["pods_env_steps_per_s_2_games_median"] = sorted(rates)[len(rates) // 2]
+    run.logs["start"] = log
+
+    # c. grow: 2 -> 3 while it trains.
+    up = _config_up(project, "topology.workers.replicas", "3")
+    figures["pulumi_up_grow_s"] = round(up.seconds, 1)
+    grown = time.monotonic()
+    run.logs["grow"] = jobs.wait_for(
+        SIDECAR_JOB,
+        lambda log: _after_last_rescale_runners(log, "rescale: 2 -> 3", (3, 3)),
+        "rescale 2 -> 3 and an iteration with 3 runners",
+        420,
+    )
+    figures["grow_to_3_runners_sampling_s"] = round(time.monotonic() - grown, 1)
+
+    # c. shrink: 3 -> 1; KubeRay chooses which worker pods go.
+    run.workers["before_shrink"] = ray_pods(cp, "workers")
+    _config_up(project, "topology.workers.replicas", "1")
+    run.logs["shrink"] = jobs.wait_for(
+        SIDECAR_JOB,
+        lambda log: _after_last_rescale_runners(log, "rescale: 3 -> 1", (1, 1)),
+        "rescale 3 -> 1 and an iteration with 1 runner",
+        420,
+    )
+    cp.wait_until(lambda: len(ray_pods(cp, "workers")) == 1, 120, "one worker pod left")
+    run.workers["after_shrink"] = ray_pods(cp, "workers")
+    run.runner_node_ips = _runner_node_ips(cp)
+
+    # d. the game's pod (sidecar: the worker pod) deleted mid-training.
+    lost = run.workers["after_shrink"][0]["metadata"]["name"]
+    cp.kubectl("delete", "pod", "-n", NAMESPACE, lost, "--wait=false")
+    mark = len(progress(jobs.logs(SIDECAR_JOB)))
+
+    def back(log: str) -> bool:
+        later = progress(log)[mark:]
+        # Sampling again on the new pod: a few iterations with the runner healthy.
+        return sum(1 for p in later if p.runners == (1, 1) and p.env_steps > 0) >= 3
+
+    run.logs["pod_deleted"] = jobs.wait_for(
+        SIDECAR_JOB, back, "iterations with the runner back after its pod was deleted", 600
+    )
+    run.workers["after_delete"] = ray_pods(cp, "workers")
+
+    stopped = jobs.cli("stop", SIDECAR_JOB, timeout_s=300)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    deadline = time.monotonic() + 180
+    while (status := jobs.status(SIDECAR_JOB)) in ("PENDING", "RUNNING"):
+        assert time.monotonic() < deadline, "ray job stop did not end the job"
+        time.sleep(2)
+    run.status = status
+    run.logs["end"] = jobs.logs(SIDECAR_JOB)
+    print(f"--- the sidecar job's log ---\n{run.logs['end']}")
+    return run
+
+
+def test_the_job_trains_on_the_mounted_endpoints_and_its_return_improves(
+    sidecar_run: SidecarRun,
+) -> None:
+    log = sidecar_run.logs["end"]
+    assert "preflight ok" in log
+    rows = [p for p in progress(log) if p.return_mean == p.return_mean]
+    first, best = rows[0].return_mean, max(p.return_mean for p in rows)
+    assert best >= 1.5 * first, (first, best)
+
+
+def test_a_grow_while_training_adds_runners_that_sample(sidecar_run: SidecarRun) -> None:
+    after = lines_after(sidecar_run.logs["grow"], "rescale: 2 -> 3")
+    assert any(p.runners == (3, 3) for p in progress(after))
+
+
+def test_a_shrink_keeps_the_runner_whose_pod_stayed(sidecar_run: SidecarRun) -> None:
+    """KubeRay chose which worker pods to delete; the runner left is on the pod left."""
+    before = {p["status"]["podIP"] for p in sidecar_run.workers["before_shrink"]}
+    kept = [p["status"]["podIP"] for p in sidecar_run.workers["after_shrink"]]
+    assert len(before) == 3 and len(kept) == 1
+    assert sidecar_run.runner_node_ips == kept
+    log = sidecar_run.logs["shrink"]
+    assert "removing the runners of the highest slots" not in log  # no fallback guess
+
+
+def test_a_shrink_cuts_no_crash_into_the_job(sidecar_run: SidecarRun) -> None:
+    after = lines_after(sidecar_run.logs["shrink"], "rescale: 3 -> 1")
+    assert "Traceback" not in lines_after(sidecar_run.logs["shrink"], "rescale: 2 -> 3")
+    assert all(p.runners == (1, 1) for p in progress(after)), after
+
+
+def test_a_deleted_game_pod_is_replaced_and_its_runner_samples_again(
+    sidecar_run: SidecarRun,
+) -> None:
+    gone = sidecar_run.workers["after_shrink"][0]["metadata"]["uid"]
+    now = sidecar_run.workers["after_delete"]
+    assert len(now) == 1 and now[0]["metadata"]["uid"] != gone
+    assert running_and_ready(now[0])
+
+
+def test_ray_job_stop_ends_the_job_with_a_final_checkpoint(sidecar_run: SidecarRun) -> None:
+    assert sidecar_run.status == "STOPPED"
+    assert "SIGTERM: stopping after this iteration" in sidecar_run.logs["end"]
+
+
+def test_the_checkpoint_is_fetched_and_exported_on_this_machine(
+    node_control_plane: ControlPlane, sidecar_run: SidecarRun, tmp_path: Path
+) -> None:
+    cp = node_control_plane
+    local = tmp_path / "checkpoints"
+    cp.kubectl("cp", "-c", "ray-head", f"{NAMESPACE}/{head_pod(cp)}:{RUN_DIR}/checkpoints",
+               str(local), timeout_s=300)  # fmt: skip
+    last = progress(sidecar_run.logs["end"])[-1].iteration
+    assert (local / "latest").read_text() == f"checkpoint_{last:06d}"
+    done = subprocess.run([str(UERL), "export", "--checkpoint", str(local)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ".onnx" in done.stdout and "0 mismatch(es)" in done.stdout
+
+
+# ---- e. NetworkPolicies --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def outsider(node_control_plane: ControlPlane, images: dict[str, str], dev_stack: Up) -> str:
+    """A pod outside the stack (its own namespace), with Python to probe from."""
+    cp = node_control_plane
+    cp.kubectl("create", "namespace", OUTSIDER_NS)
+    cp.apply([{
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "outsider", "namespace": OUTSIDER_NS},
+        "spec": {"containers": [{"name": "main", "image": images["ray"],
+                                 "imagePullPolicy": "Never", "command": ["sleep", "infinity"]}],
+                 "terminationGracePeriodSeconds": 1},
+    }])  # fmt: skip
+    cp.kubectl("wait", "-n", OUTSIDER_NS, "--for=condition=Ready", "--timeout=120s",
+               "pod/outsider")  # fmt: skip
+    return "outsider"
+
+
+@pytest.mark.parametrize("port", [6379, 8265, 10001])
+def test_a_pod_outside_the_stack_cannot_reach_the_heads_port(
+    node_control_plane: ControlPlane, outsider: str, port: int
+) -> None:
+    cp = node_control_plane
+    head = head_pod(cp)
+    address = pod_ip(cp, NAMESPACE, head)
+    worker = ray_pods(cp, "workers")[0]["metadata"]["name"]
+    assert connects(cp, NAMESPACE, worker, address, port)  # the stack's own pods do
+    assert not connects(cp, OUTSIDER_NS, outsider, address, port)
+
+
+# ---- f, e, d. networked games over TLS, running a packaged build from the volume ------
+
+NETWORKED_JOB = "uerl-pods-networked"
+NETWORKED_RUN_DIR = "/home/ray/runs/networked"
+GAME = f"{CLUSTER}-ue-1"  # the one game (discovery reuses it: `simulator.discovery worker1`)
+GAME_HOST = f"{GAME}.{CLUSTER}-ue.{NAMESPACE}.svc.cluster.local"
+
+
+@dataclass
+class Networked:
+    up: Result
+    tls_dir: Path
+    loader_log: str
+
+
+@pytest.fixture(scope="module")
+def networked(
+    node_control_plane: ControlPlane,
+    project: PulumiProject,
+    images: dict[str, str],
+    sidecar_run: SidecarRun,
+    tmp_path_factory: pytest.TempPathFactory,
+    figures: Figures,
+) -> Networked:
+    """The dev stack switched to networked games (one, behind its forwarder), TLS with
+    client certificates, and `simulator.kind unreal`: the fake packaged build, served in
+    the cluster, unpacked into the ReadWriteMany volume by the loader Job."""
+    cp = node_control_plane
+    # The volume the claim binds (controlplane.py's `uerl-test-rwx`, a hostPath on this
+    # node), open to the loader's user as an NFS export for games would be.
+    rwx = cp.workdir / "rwx-volume"
+    rwx.mkdir(exist_ok=True)
+    rwx.chmod(0o777)
+    url = GameFiles(cp, images["mock-ue"]).deploy()
+
+    tls_dir = tmp_path_factory.mktemp("tls")
+    made = subprocess.run(
+        [str(UERL), "tls-secret", "--stack", "dev", "--set", "topology.pattern=networked",
+         "--out", str(tls_dir)],
+        cwd=project.dir, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    cp.kubectl(
+        "create",
+        "secret",
+        "generic",
+        TLS_SECRET,
+        "-n",
+        NAMESPACE,
+        *(f"--from-file={tls_dir / name}" for name in ("ca.crt", "tls.crt", "tls.key")),
+    )
+
+    for path, value in {
+        "topology.pattern": "networked",
+        "topology.simulator.discovery": "worker1",
+        "topology.simulator.kind": "unreal",
+        "topology.simulator.image": images_build.topology_refs()[1],
+        "topology.simulator.tls.secret": TLS_SECRET,
+        "topology.simulator.tls.mutual": "true",
+        "topology.executables.source_url": url,
+        "topology.executables.size": "1Gi",
+    }.items():
+        project.config_set("dev", path, value)
+    up = project.up("dev", "--skip-preview", timeout_s=900)
+    figures["pulumi_up_switch_to_networked_s"] = round(up.seconds, 1)
+    loader = cp.kubectl("logs", "-n", NAMESPACE, f"job/{CLUSTER}-ue-loader").stdout
+    return Networked(up, tls_dir, loader)
+
+
+def test_the_loader_job_unpacks_the_build_served_in_the_cluster(networked: Networked) -> None:
+    assert "unpacked http://files." in networked.loader_log, networked.loader_log
+
+
+def test_the_game_runs_the_build_from_the_volume_as_a_non_root_user(
+    node_control_plane: ControlPlane, networked: Networked
+) -> None:
+    cp = node_control_plane
+    log = cp.kubectl("logs", "-n", NAMESPACE, GAME, "-c", "ue").stdout
+    assert (
+        "FakeGame from /opt/ue/FakeGame/Binaries/Linux/FakeGame-Linux-Shipping as uid 1000" in log
+    ), log
+    listing = cp.kubectl(
+        "exec", "-n", NAMESPACE, GAME, "-c", "ue", "--", "ls", "-ln", "/opt/ue/Game.sh",
+        "/opt/ue/FakeGame/Binaries/Linux/FakeGame-Linux-Shipping",
+    ).stdout  # fmt: skip
+    # The zip had no execute bits (made on Windows): the loader gave them back.
+    assert all(line.startswith("-rwxr-xr-x") for line in listing.splitlines()), listing
+
+
+def test_a_networked_game_answers_only_over_tls_with_a_client_certificate(
+    node_control_plane: ControlPlane, networked: Networked
+) -> None:
+    cp = node_control_plane
+    head = head_pod(cp)
+    endpoint = f"{GAME_HOST}:50051"
+    certs = "/etc/uerl-game-tls"
+
+    def discover(*tls: str) -> subprocess.CompletedProcess[str]:
+        return cp.kubectl("exec", "-n", NAMESPACE, head, "--", "uerl", "discover", endpoint,
+                          "--timeout", "10", *tls, check=False, timeout_s=120)  # fmt: skip
+
+    mutual = discover("--tls-ca", f"{certs}/ca.crt", "--tls-cert", f"{certs}/tls.crt",
+                      "--tls-key", f"{certs}/tls.key")  # fmt: skip
+    assert mutual.returncode == 0 and "agent" in mutual.stdout, mutual.stdout + mutual.stderr
+    assert discover().returncode != 0  # plaintext
+    assert discover("--tls-ca", f"{certs}/ca.crt").returncode != 0  # no client certificate
+
+
+def test_a_pod_outside_the_stack_cannot_reach_a_game(
+    node_control_plane: ControlPlane, networked: Networked, outsider: str
+) -> None:
+    cp = node_control_plane
+    address = pod_ip(cp, NAMESPACE, GAME)
+    worker = ray_pods(cp, "workers")[0]["metadata"]["name"]
+    assert connects(cp, NAMESPACE, worker, address, 50051)
+    assert not connects(cp, OUTSIDER_NS, outsider, address, 50051)
+
+
+@dataclass
+class NetworkedRun:
+    logs: dict[str, str] = field(default_factory=dict)
+    game_uids: tuple[str, str] = ("", "")
+
+
+@pytest.fixture(scope="module")
+def networked_run(
+    node_control_plane: ControlPlane, networked: Networked, jobs: RayJobs
+) -> NetworkedRun:
+    """A job on the networked games; the game's pod deleted while it trains."""
+    cp = node_control_plane
+    run = NetworkedRun()
+    jobs.submit(NETWORKED_JOB, ["uerl", "train", "--run-dir", NETWORKED_RUN_DIR,
+                                "--iterations", "1000", *TRAIN_ARGS])  # fmt: skip
+    run.logs["start"] = jobs.wait_for(
+        NETWORKED_JOB, lambda log: len(progress(log)) >= 3, "3 iterations", 600
+    )
+    before = cp.get_json("pod", "-n", NAMESPACE, GAME)["metadata"]["uid"]
+    cp.kubectl("delete", "pod", "-n", NAMESPACE, GAME, "--wait=false")
+    mark = len(progress(jobs.logs(NETWORKED_JOB)))
+
+    def back(log: str) -> bool:
+        later = progress(log)[mark:]
+        return sum(1 for p in later if p.runners == (1, 1)) >= 3
+
+    run.logs["game_deleted"] = jobs.wait_for(
+        NETWORKED_JOB, back, "iterations with the runner back on the new game pod", 600
+    )
+    after = cp.get_json("pod", "-n", NAMESPACE, GAME)["metadata"]["uid"]
+    run.game_uids = (before, after)
+    stopped = jobs.cli("stop", NETWORKED_JOB, timeout_s=300)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    run.logs["end"] = jobs.logs(NETWORKED_JOB)
+    print(f"--- the networked job's log ---\n{run.logs['end']}")
+    return run
+
+
+def test_the_networked_job_trains_over_tls(networked_run: NetworkedRun) -> None:
+    log = networked_run.logs["start"]
+    assert "preflight ok" in log
+    assert progress(log)[-1].runners == (1, 1)
+
+
+def test_a_deleted_game_pod_comes_back_and_its_runner_rejoins(
+    networked_run: NetworkedRun,
+) -> None:
+    before, after = networked_run.game_uids
+    assert before != after  # the StatefulSet made a new pod under the same name
+    later = lines_after(
+        networked_run.logs["game_deleted"], progress(networked_run.logs["start"])[-1].line
+    )
+    assert any(p.runners == (1, 1) for p in progress(later))
+
+
+# ---- h. `pulumi destroy` ------------------------------------------------------------
+
+
+def test_destroy_leaves_no_pod_container_or_sandbox_of_the_stack(
+    node_control_plane: ControlPlane,
+    node: Node,
+    project: PulumiProject,
+    networked_run: NetworkedRun,
+) -> None:
+    cp = node_control_plane
+    cp.kubectl("delete", "namespace", OUTSIDER_NS, "uerl-files", "--wait=true", timeout_s=300)
+    project.run("destroy", "--yes", "--skip-preview", stack="dev", timeout_s=900)
+    cp.wait_until(
+        lambda: cp.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0,
+        300, f"namespace {NAMESPACE} gone",
+    )  # fmt: skip
+    assert cp.get_json("pods", "-A")["items"] == []
+
+    def node_empty() -> bool:
+        tasks = node.ctr("-n", "k8s.io", "tasks", "list", "-q").split()
+        containers = node.ctr("-n", "k8s.io", "containers", "list", "-q").split()
+        return not tasks and not containers
+
+    cp.wait_until(node_empty, 120, "no container or sandbox left in containerd")
