@@ -4,18 +4,22 @@ the game-port forwarder (TCP on 127.0.0.1)."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import zipfile
 from pathlib import Path
 
+import pytest
 from forwarder_thread import start_forwarder
 from infra_fixtures import dev_topology
 
 from infra import forwarder, manifests
+from infra.manifests.pod_security import UNREAL_UID
 from infra.manifests.volume import READY_MARKER
 
 # -- loader: a build zipped on Windows comes out runnable ----------------------------------
@@ -31,9 +35,10 @@ def windows_zip(path: Path, names: list[str]) -> None:
             archive.writestr(info, "#!/bin/sh\necho hi\n" if name.endswith(".sh") else "data")
 
 
-def run_loader(tmp_path: Path, archive: Path) -> Path:
+def run_loader(tmp_path: Path, archive: Path, user: int | None = None) -> Path:
+    """The loader Job's script on `archive`, as `user` (default: this process's)."""
     dest = tmp_path / "ue"
-    dest.mkdir()
+    dest.mkdir(exist_ok=True)
     topology = dev_topology(
         "topology.simulator.kind=unreal",
         "topology.simulator.executable=Game.sh",
@@ -50,7 +55,10 @@ def run_loader(tmp_path: Path, archive: Path) -> Path:
     fake.write_text(f'#!/bin/sh\nwhile [ "$1" != "-O" ]; do shift; done\ncp {archive} "$2"\n')
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    subprocess.run(command, env=env, check=True, capture_output=True, text=True, umask=0o022)
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, umask=0o022, user=user, group=user
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
     return dest
 
 
@@ -79,6 +87,26 @@ def test_loader_restores_execute_bits_a_windows_zip_lost(tmp_path: Path) -> None
     pak = mode("Game/Content/Paks/Game.pak")
     assert pak & 0o444 == 0o444 and pak & 0o111 == 0  # readable by the game's user, not executable
     assert (dest / READY_MARKER).read_text() == "https://example.com/builds/game.zip"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a volume root owned by another user")
+def test_loader_unpacks_into_a_volume_whose_root_it_does_not_own(tmp_path: Path) -> None:
+    """As on real storage: the volume's root belongs to root (world-writable here), the
+    loader runs as the game's user and may change only what it unpacked (seen on the real
+    node: `chmod -R` of the root failed the Job)."""
+    shared = Path(tempfile.mkdtemp(prefix="uerl-loader-"))  # reachable by another uid
+    try:
+        shared.chmod(0o755)
+        archive = shared / "game.zip"
+        windows_zip(archive, ["Game.sh", "Game/Binaries/Linux/Game"])
+        (shared / "ue").mkdir(mode=0o777)
+        (shared / "ue").chmod(0o777)
+        dest = run_loader(shared, archive, user=UNREAL_UID)
+        assert (dest / "Game.sh").stat().st_uid == UNREAL_UID
+        assert os.access(dest / "Game/Binaries/Linux/Game", os.X_OK)
+        assert (dest / READY_MARKER).is_file()
+    finally:
+        shutil.rmtree(shared)
 
 
 # -- forwarder: a loopback-bound game served on another port ---------------------------------

@@ -85,7 +85,9 @@ rm -rf "$tmp"
 # An archive made on Windows carries no execute bits, and the games mount this
 # volume read-only: restore them now. Everything readable by the game's user;
 # the launcher, scripts and whatever sits in a Binaries/Linux directory executable.
-chmod -R u+rwX,go+rX {dest}
+# Below the root only: the volume's root belongs to whoever made the volume (root on
+# most storage), and chmod of a file the loader does not own fails.
+find {dest} -mindepth 1 -exec chmod u+rwX,go+rX {{}} +
 find {dest} -type f \\( -name '*.sh' -o -path '*/Binaries/Linux/*' \\) -exec chmod a+x {{}} +
 if [ -f {launcher} ]; then chmod a+x {launcher}; fi
 printf '%s' "$url" > {marker}
