@@ -38,6 +38,11 @@ KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
 GCS_PORT = 6379
 CLIENT_PORT = 10001
 DASHBOARD_PORT = 8265
+# How long Ray gives a job after `ray job stop`'s SIGTERM before it SIGKILLs it (Ray's
+# default is 3 s): `uerl train` finishes its iteration and writes a final checkpoint,
+# which on a loaded cluster takes longer than that. Set on the Ray head.
+JOB_STOP_GRACE_S = 120
+JOB_STOP_GRACE_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

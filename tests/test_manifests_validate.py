@@ -143,6 +143,14 @@ def test_custom_resource_name_comes_from_the_topology() -> None:
     assert workers["resources"] == custom_resources_param("game_slot") == """'{"game_slot":1}'"""
 
 
+def test_the_head_gives_a_stopped_job_time_for_its_final_checkpoint() -> None:
+    """`ray job stop` SIGTERMs the driver, which finishes its iteration and checkpoints;
+    Ray SIGKILLs it after RAY_JOB_STOP_WAIT_TIME_S (3 s unless set: on the real node a
+    final checkpoint took longer)."""
+    head = groups(built("dev-sidecar").raycluster)["head"]["template"]["spec"]["containers"][0]
+    assert {"name": "RAY_JOB_STOP_WAIT_TIME_S", "value": "120"} in head["env"]
+
+
 def test_learner_nodes_advertise_the_learner_resource() -> None:
     """Learners ask for one unit of it, so Ray never puts one on a worker node (whose pod
     a shrink may delete, learner and all)."""

@@ -18,7 +18,14 @@ from infra.endpoints import HEAD_MOUNT_DIR
 from infra.manifests import game_tls, pod_security, simulator, volume
 from infra.manifests.common import K8sObject, await_annotations, fixed_resources, labels, metadata
 from infra.manifests.endpoints_configmap import configmap_name
-from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, Topology
+from infra.topology import (
+    CLIENT_PORT,
+    DASHBOARD_PORT,
+    GCS_PORT,
+    JOB_STOP_GRACE_ENV,
+    JOB_STOP_GRACE_S,
+    Topology,
+)
 
 APP_NAME = "ray"
 LEARNER_GROUP = "learners"
@@ -62,6 +69,8 @@ def _head(topology: Topology) -> dict[str, Any]:
         {"name": "dashboard", "containerPort": DASHBOARD_PORT},
         {"name": "client", "containerPort": CLIENT_PORT},
     ]
+    # `ray job stop` then leaves `uerl train` time for its final checkpoint.
+    container["env"] = [{"name": JOB_STOP_GRACE_ENV, "value": str(JOB_STOP_GRACE_S)}]
     # The endpoints file, so a job on the head finds the games with no flags.
     container["volumeMounts"] = [
         {"name": ENDPOINTS_VOLUME, "mountPath": HEAD_MOUNT_DIR, "readOnly": True}

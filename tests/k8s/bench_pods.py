@@ -27,7 +27,6 @@ from controlplane import NODE_API_ADDRESS, REPO, ControlPlane
 from node import CGROUP_FS, CGROUP_ROOT, Node, _rss_mib
 from node_images import busybox_image
 from pods_stack import (
-    CLUSTER,
     NAMESPACE,
     TRAIN_ARGS,
     UERL,
@@ -79,7 +78,7 @@ def on_pods(iterations: int) -> dict[str, object]:
         started = time.monotonic()
         up = project.up("dev", "--skip-preview", timeout_s=900)
         out["pulumi up s"] = up.seconds
-        with PortForward(cp, work, f"{CLUSTER}-head-svc", 8265) as forward:
+        with PortForward(cp, work, 8265) as forward:
             jobs = RayJobs(forward)
             job = "bench"
             jobs.submit(job, ["uerl", "train", "--run-dir", "/home/ray/runs/bench",

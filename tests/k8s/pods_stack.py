@@ -112,40 +112,45 @@ def exec_in(cp: ControlPlane, ns: str, pod: str, *argv: str, **kwargs: Any) -> s
 
 
 class PortForward(StartStop):
-    """`kubectl port-forward -n NS svc/SERVICE LOCAL:REMOTE` on 127.0.0.1, as a user runs
-    it. It is tied to the one pod it picked and exits when that pod goes: `ensure()`
-    starts it again."""
+    """`kubectl port-forward -n NS pod/HEAD LOCAL:REMOTE` on 127.0.0.1, as a user runs it.
 
-    def __init__(self, cp: ControlPlane, log_dir: Path, service: str, remote_port: int) -> None:
+    A port-forward is tied to one pod and, when that pod is replaced (a new Ray image, a
+    pattern switch), stays up forwarding to nothing: `ensure()` starts it again whenever
+    the head pod is another one than it was started for, or the process exited."""
+
+    def __init__(self, cp: ControlPlane, log_dir: Path, remote_port: int) -> None:
         self.cp = cp
-        self.service = service
         self.remote_port = remote_port
         self.port = free_ports(1)[0]
-        self.log = log_dir / f"port-forward-{service}-{remote_port}.log"
+        self.log = log_dir / f"port-forward-head-{remote_port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = -1
+        self.pod = ""
+        self.starts = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.restarts += 1
+        self.stop()
+        self.pod = head_pod(self.cp)
+        self.starts += 1
+        mark = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [str(self.cp.bin["kubectl"]), f"--kubeconfig={self.cp.kubeconfig}",
-                 "port-forward", "-n", NAMESPACE, f"svc/{self.service}",
+                 "port-forward", "-n", NAMESPACE, f"pod/{self.pod}",
                  f"{self.port}:{self.remote_port}", "--address", "127.0.0.1"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
         deadline = time.monotonic() + 30
-        while "Forwarding from" not in self.log.read_text(errors="replace"):
+        while "Forwarding from" not in self.log.read_bytes()[mark:].decode(errors="replace"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise ControlPlaneError(f"kubectl port-forward did not start:\n{tail(self.log)}")
             time.sleep(0.2)
 
     def ensure(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or self.proc.poll() is not None or head_pod(self.cp) != self.pod:
             self.start()
 
     def stop(self) -> None:

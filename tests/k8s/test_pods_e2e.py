@@ -125,9 +125,7 @@ def dev_stack(project: PulumiProject, images: dict[str, str], figures: Figures) 
 def dashboard(
     node_control_plane: ControlPlane, dev_stack: Up, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PortForward]:
-    with PortForward(
-        node_control_plane, tmp_path_factory.mktemp("forward"), f"{CLUSTER}-head-svc", 8265
-    ) as forward:
+    with PortForward(node_control_plane, tmp_path_factory.mktemp("forward"), 8265) as forward:
         yield forward
 
 
@@ -501,8 +499,20 @@ def networked(
         "topology.executables.size": "1Gi",
     }.items():
         project.config_set("dev", path, value, plaintext=path.endswith(".secret"))
+    old = {p["metadata"]["uid"] for p in ray_pods(cp)}
     up = project.up("dev", "--skip-preview", timeout_s=900)
     figures["pulumi_up_switch_to_networked_s"] = round(up.seconds, 1)
+
+    # A pod-template change: `up` returns once the RayCluster is updated, its conditions
+    # still those of the old pods; KubeRay's Recreate then replaces every Ray pod.
+    def recreated() -> bool:
+        pods = ray_pods(cp)
+        groups = sorted(p["metadata"]["labels"]["ray.io/group"] for p in pods)
+        return groups == ["headgroup", "learners", "workers"] and all(
+            p["metadata"]["uid"] not in old and running_and_ready(p) for p in pods
+        )
+
+    cp.wait_until(recreated, 300, "the Ray pods recreated, Running and Ready")
     loader = cp.kubectl("logs", "-n", NAMESPACE, f"job/{CLUSTER}-ue-loader").stdout
     return Networked(up, tls_dir, loader)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from infra.topology import JOB_STOP_GRACE_ENV, JOB_STOP_GRACE_S
 from training.local import processes
 
 NODE_IP = "127.0.0.2"
@@ -47,6 +48,8 @@ NODE_ENV = {
     "RAY_AUTH_MODE": "disabled",
     # Never pick up an address from the environment: nodes join ours.
     "RAY_ADDRESS": "",
+    # As on the Kubernetes head: `ray job stop` leaves time for the final checkpoint.
+    JOB_STOP_GRACE_ENV: str(JOB_STOP_GRACE_S),
 }
 DRIVER_ENV_KEYS = ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")
 
