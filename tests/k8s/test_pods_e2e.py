@@ -537,35 +537,6 @@ def test_the_game_runs_the_build_from_the_volume_as_a_non_root_user(
     assert all(line.startswith("-rwxr-xr-x") for line in listing.splitlines()), listing
 
 
-def test_a_networked_game_answers_only_over_tls_with_a_client_certificate(
-    node_control_plane: ControlPlane, networked: Networked
-) -> None:
-    cp = node_control_plane
-    head = head_pod(cp)
-    endpoint = f"{GAME_HOST}:50051"
-    certs = "/etc/uerl-game-tls"
-
-    def discover(*tls: str) -> subprocess.CompletedProcess[str]:
-        return cp.kubectl("exec", "-n", NAMESPACE, head, "--", "uerl", "discover", endpoint,
-                          "--timeout", "10", *tls, check=False, timeout_s=120)  # fmt: skip
-
-    mutual = discover("--tls-ca", f"{certs}/ca.crt", "--tls-cert", f"{certs}/tls.crt",
-                      "--tls-key", f"{certs}/tls.key")  # fmt: skip
-    assert mutual.returncode == 0 and "agent" in mutual.stdout, mutual.stdout + mutual.stderr
-    assert discover().returncode != 0  # plaintext
-    assert discover("--tls-ca", f"{certs}/ca.crt").returncode != 0  # no client certificate
-
-
-def test_a_pod_outside_the_stack_cannot_reach_a_game(
-    node_control_plane: ControlPlane, networked: Networked, outsider: str
-) -> None:
-    cp = node_control_plane
-    address = pod_ip(cp, NAMESPACE, GAME)
-    worker = ray_pods(cp, "workers")[0]["metadata"]["name"]
-    assert connects(cp, NAMESPACE, worker, address, 50051)
-    assert not connects(cp, OUTSIDER_NS, outsider, address, 50051)
-
-
 @dataclass
 class NetworkedRun:
     logs: dict[str, str] = field(default_factory=dict)
@@ -619,6 +590,40 @@ def test_a_deleted_game_pod_comes_back_and_its_runner_rejoins(
         networked_run.logs["game_deleted"], progress(networked_run.logs["start"])[-1].line
     )
     assert any(p.runners == (1, 1) for p in progress(later))
+
+
+# The probes after the job (a game serves one client at a time; the job holds it while
+# it trains): TLS only with a client certificate, and no way in from outside the stack.
+
+
+def test_a_networked_game_answers_only_over_tls_with_a_client_certificate(
+    node_control_plane: ControlPlane, networked_run: NetworkedRun
+) -> None:
+    cp = node_control_plane
+    head = head_pod(cp)
+    endpoint = f"{GAME_HOST}:50051"
+    certs = "/etc/uerl-game-tls"
+
+    def discover(*tls: str, timeout_s: int = 10) -> subprocess.CompletedProcess[str]:
+        argv = ["uerl", "discover", endpoint, "--timeout", str(timeout_s), *tls]
+        return cp.kubectl("exec", "-n", NAMESPACE, head, "--", *argv, check=False, timeout_s=180)
+
+    # The game may still be closing the stopped job's session: room to answer.
+    mutual = discover("--tls-ca", f"{certs}/ca.crt", "--tls-cert", f"{certs}/tls.crt",
+                      "--tls-key", f"{certs}/tls.key", timeout_s=90)  # fmt: skip
+    assert mutual.returncode == 0 and "agent" in mutual.stdout, mutual.stdout + mutual.stderr
+    assert discover().returncode != 0  # plaintext
+    assert discover("--tls-ca", f"{certs}/ca.crt").returncode != 0  # no client certificate
+
+
+def test_a_pod_outside_the_stack_cannot_reach_a_game(
+    node_control_plane: ControlPlane, networked_run: NetworkedRun, outsider: str
+) -> None:
+    cp = node_control_plane
+    address = pod_ip(cp, NAMESPACE, GAME)
+    worker = ray_pods(cp, "workers")[0]["metadata"]["name"]
+    assert connects(cp, NAMESPACE, worker, address, 50051)
+    assert not connects(cp, OUTSIDER_NS, outsider, address, 50051)
 
 
 # ---- h. `pulumi destroy` ------------------------------------------------------------
