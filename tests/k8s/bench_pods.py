@@ -125,8 +125,10 @@ def main() -> None:
     print(f"env-steps/s, real pods (median)  {rate:7.0f}")
     print(f"env-steps/s, uerl local (median) {local:7.0f}")
     print(f"real pods / uerl local           {rate / local:7.2f}x")
-    print("resident memory while training (MiB):")
-    for name, mib in sorted(pods["rss MiB"].items(), key=lambda kv: -kv[1]):  # type: ignore[union-attr]
+    rss = dict(pods["rss MiB"])  # type: ignore[call-overload]
+    shims = int(rss.pop("shim count"))
+    print(f"resident memory while training (MiB; {shims} pod shims):")
+    for name, mib in sorted(rss.items(), key=lambda kv: -kv[1]):
         print(f"  {name:34s} {mib:7.1f}")
     print("pod memory (cgroup usage, MiB):")
     for name, mib in sorted(pods["pod memory MiB"].items(), key=lambda kv: -kv[1]):  # type: ignore[union-attr]
