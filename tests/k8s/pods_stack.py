@@ -17,6 +17,7 @@ This module holds what the real-pod scenarios share:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -125,7 +126,6 @@ class PortForward(StartStop):
         self.log = log_dir / f"port-forward-head-{remote_port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.pod = ""
-        self.starts = 0
 
     @property
     def url(self) -> str:
@@ -134,7 +134,6 @@ class PortForward(StartStop):
     def start(self) -> None:
         self.stop()
         self.pod = head_pod(self.cp)
-        self.starts += 1
         mark = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -334,8 +333,6 @@ class GameFiles:
         cp = self.cp
         cp.kubectl("create", "namespace", FILES_NS)
         data = fake_build_zip()
-        import base64
-
         labels = {"app": "files"}
         cp.apply([
             {"apiVersion": "v1", "kind": "ConfigMap",
