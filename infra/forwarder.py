@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import socket
 import ssl
 import sys
 
@@ -56,35 +57,64 @@ def tls_context(cert, key, client_ca=None):
     return context
 
 
-class _TLSAfterUpstream(asyncio.StreamReaderProtocol):
-    """Reads nothing until TLS starts: a ClientHello read as plaintext while the
-    upstream connection is being made would be lost to the handshake."""
-
-    def connection_made(self, transport):
-        transport.pause_reading()  # start_tls resumes it under TLS
-        super().connection_made(transport)
+# A client that neither finishes its handshake nor leaves must not hold a relay forever.
+HANDSHAKE_TIMEOUT_S = 30.0
 
 
-async def _relay(client_reader, client_writer, host, port, tls=None):
+async def _relay(client, host, port, tls=None):
+    """Relay one accepted socket. TLS, if any, starts on the raw socket once the game
+    accepted the upstream connection: nothing is read from the client before (its
+    ClientHello waits in the kernel), and no plaintext transport is upgraded in place
+    (asyncio's `start_tls` on a paused server transport never finished a handshake
+    under Debian 12's Python 3.11.2, the images' Python)."""
+    loop = asyncio.get_running_loop()
     try:
         up_reader, up_writer = await asyncio.open_connection(host, port)
     except OSError:
         # The game is not listening (yet): refuse like it would.
-        client_writer.close()
+        client.close()
         return
-    if tls is not None:
-        try:
-            await client_writer.start_tls(tls)
-        except (OSError, ssl.SSLError):
-            # A plaintext client, an untrusted client certificate, a client gone.
-            for writer in (up_writer, client_writer):
-                writer.close()
-            return
+    reader = asyncio.StreamReader(limit=CHUNK, loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
     try:
-        await asyncio.gather(_pipe(client_reader, up_writer), _pipe(up_reader, client_writer))
+        transport, _ = await loop.connect_accepted_socket(
+            lambda: protocol,
+            client,
+            ssl=tls,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls is not None else None,
+        )
+    except (OSError, ssl.SSLError):  # TimeoutError is an OSError (3.11+, as TLS here)
+        # A plaintext client, an untrusted client certificate, a client gone.
+        client.close()
+        up_writer.close()
+        return
+    client_writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    try:
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, client_writer))
     finally:
         for writer in (up_writer, client_writer):
             writer.close()
+
+
+def _listeners(listen_host, listen_port):
+    """`listen_host` None: every interface, IPv6 and IPv4 on one socket where the
+    kernel has IPv6 (a pod IP of either family), IPv4 alone where it does not."""
+    if listen_host is not None:
+        return [socket.create_server((listen_host, listen_port))]
+    if socket.has_dualstack_ipv6():
+        return [
+            socket.create_server(("", listen_port), family=socket.AF_INET6, dualstack_ipv6=True)
+        ]
+    return [socket.create_server(("", listen_port))]
+
+
+async def _accept(listener, host, port, tls, relays):
+    loop = asyncio.get_running_loop()
+    while True:
+        client, _ = await loop.sock_accept(listener)
+        relay = loop.create_task(_relay(client, host, port, tls))
+        relays.add(relay)  # a strong reference until it ends
+        relay.add_done_callback(relays.discard)
 
 
 async def serve(listen_port, host, port, ready=None, listen_host=None, tls=None):
@@ -92,22 +122,21 @@ async def serve(listen_port, host, port, ready=None, listen_host=None, tls=None)
 
     `listen_host` None: every interface, IPv4 and IPv6 (the pod IP of either).
     `tls`: an `ssl.SSLContext` (`tls_context`) to serve TLS with."""
-    loop = asyncio.get_running_loop()
-
-    def connection():
-        protocol = _TLSAfterUpstream if tls is not None else asyncio.StreamReaderProtocol
-        reader = asyncio.StreamReader(limit=CHUNK, loop=loop)
-        return protocol(reader, lambda r, w: _relay(r, w, host, port, tls), loop=loop)
-
-    server = await loop.create_server(
-        connection, host=listen_host, port=listen_port, reuse_address=True
-    )
-    bound = server.sockets[0].getsockname()[1]
-    print(f"forwarding :{bound}{' (TLS)' if tls else ''} -> {host}:{port}", flush=True)
-    if ready is not None:
-        ready(bound)
-    async with server:
-        await server.serve_forever()
+    listeners = _listeners(listen_host, listen_port)
+    relays = set()
+    try:
+        for listener in listeners:
+            listener.setblocking(False)
+        bound = listeners[0].getsockname()[1]
+        print(f"forwarding :{bound}{' (TLS)' if tls else ''} -> {host}:{port}", flush=True)
+        if ready is not None:
+            ready(bound)
+        await asyncio.gather(*(_accept(lst, host, port, tls, relays) for lst in listeners))
+    finally:
+        for listener in listeners:
+            listener.close()
+        for relay in list(relays):
+            relay.cancel()
 
 
 def main(argv):

@@ -165,10 +165,13 @@ class PulumiProject:
         for path, value in (settings or {}).items():
             self.config_set(stack, path, value)
 
-    def config_set(self, stack: str, path: str, value: str) -> None:
+    def config_set(self, stack: str, path: str, value: str, *, plaintext: bool = False) -> None:
         """`pulumi config set --path PATH VALUE`, e.g. PATH `topology.workers.replicas`
-        (the project's namespace `uerl:` is implied, as when a user types it)."""
-        self.run("config", "set", "--path", path, "--", value, stack=stack)
+        (the project's namespace `uerl:` is implied, as when a user types it).
+        `plaintext`: `--plaintext`, which Pulumi demands for a key that looks like a secret
+        (such as `topology.simulator.tls.secret`, a Secret's name)."""
+        flags = ["--plaintext"] if plaintext else []
+        self.run("config", "set", "--path", *flags, path, "--", value, stack=stack)
 
     def up(self, stack: str, *args: str, **kwargs: Any) -> Result:
         return self.run("up", "--yes", *args, stack=stack, **kwargs)

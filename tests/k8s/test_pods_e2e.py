@@ -1,5 +1,5 @@
 """The whole mission on real pods: `pulumi up`, train on the cluster, rescale while it
-trains, lose a game, fence the stack, switch to networked games running a
+trains, lose a game, fence the stack, switch to networked games over TLS running a
 packaged build from the shared volume, `pulumi destroy`.
 
 One control plane, one real node (node.py: containerd and runc, the kubelet, CNI,
@@ -52,6 +52,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(3600)]
 
 RUN_DIR = "/home/ray/runs/pods"  # on the head, where the job runs
 OUTSIDER_NS = "outsider"
+TLS_SECRET = "uerl-game-tls"
 
 
 @dataclass
@@ -435,7 +436,7 @@ def test_a_pod_outside_the_stack_cannot_reach_the_heads_port(
     assert not connects(cp, OUTSIDER_NS, outsider, address, port)
 
 
-# ---- f, e, d. networked games running a packaged build from the volume -------------
+# ---- f, e, d. networked games over TLS, running a packaged build from the volume ------
 
 NETWORKED_JOB = "uerl-pods-networked"
 NETWORKED_RUN_DIR = "/home/ray/runs/networked"
@@ -446,6 +447,7 @@ GAME_HOST = f"{GAME}.{CLUSTER}-ue.{NAMESPACE}.svc.cluster.local"
 @dataclass
 class Networked:
     up: Result
+    tls_dir: Path
     loader_log: str
 
 
@@ -458,9 +460,9 @@ def networked(
     tmp_path_factory: pytest.TempPathFactory,
     figures: Figures,
 ) -> Networked:
-    """The dev stack switched to networked games (one, behind its forwarder) and
-    `simulator.kind unreal`: the fake packaged build, served in the cluster, unpacked into
-    the ReadWriteMany volume by the loader Job."""
+    """The dev stack switched to networked games (one, behind its forwarder), TLS with
+    client certificates, and `simulator.kind unreal`: the fake packaged build, served in
+    the cluster, unpacked into the ReadWriteMany volume by the loader Job."""
     cp = node_control_plane
     # The volume the claim binds (controlplane.py's `uerl-test-rwx`, a hostPath on this
     # node), open to the loader's user as an NFS export for games would be.
@@ -469,17 +471,34 @@ def networked(
     rwx.chmod(0o777)
     url = GameFiles(cp, images["mock-ue"]).deploy()
 
-    # No `simulator.tls` here: on this node the forwarder's TLS handshake hung now and
-    # then (docs/kubernetes.md); TLS is checked by tests/test_tls.py on this machine.
+    tls_dir = tmp_path_factory.mktemp("tls")
+    made = subprocess.run(
+        [str(UERL), "tls-secret", "--stack", "dev", "--set", "topology.pattern=networked",
+         "--out", str(tls_dir)],
+        cwd=project.dir, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    cp.kubectl(
+        "create",
+        "secret",
+        "generic",
+        TLS_SECRET,
+        "-n",
+        NAMESPACE,
+        *(f"--from-file={tls_dir / name}" for name in ("ca.crt", "tls.crt", "tls.key")),
+    )
+
     for path, value in {
         "topology.pattern": "networked",
         "topology.simulator.discovery": "worker1",
         "topology.simulator.kind": "unreal",
         "topology.simulator.image": images_build.topology_refs()[1],
+        "topology.simulator.tls.secret": TLS_SECRET,
+        "topology.simulator.tls.mutual": "true",
         "topology.executables.source_url": url,
         "topology.executables.size": "1Gi",
     }.items():
-        project.config_set("dev", path, value)
+        project.config_set("dev", path, value, plaintext=path.endswith(".secret"))
     old = {p["metadata"]["uid"] for p in ray_pods(cp)}
     up = project.up("dev", "--skip-preview", timeout_s=900)
     figures["pulumi_up_switch_to_networked_s"] = round(up.seconds, 1)
@@ -495,7 +514,7 @@ def networked(
 
     cp.wait_until(recreated, 300, "the Ray pods recreated, Running and Ready")
     loader = cp.kubectl("logs", "-n", NAMESPACE, f"job/{CLUSTER}-ue-loader").stdout
-    return Networked(up, loader)
+    return Networked(up, tls_dir, loader)
 
 
 def test_the_loader_job_unpacks_the_build_served_in_the_cluster(networked: Networked) -> None:
@@ -556,7 +575,7 @@ def networked_run(
     return run
 
 
-def test_the_networked_job_trains_on_the_games_statefulset(networked_run: NetworkedRun) -> None:
+def test_the_networked_job_trains_over_tls(networked_run: NetworkedRun) -> None:
     log = networked_run.logs["start"]
     assert "preflight ok" in log
     assert progress(log)[-1].runners == (1, 1)
@@ -573,7 +592,28 @@ def test_a_deleted_game_pod_comes_back_and_its_runner_rejoins(
     assert any(p.runners == (1, 1) for p in progress(later))
 
 
-# After the job (a game serves one client at a time): no way in from outside the stack.
+# The probes after the job (a game serves one client at a time; the job holds it while
+# it trains): TLS only with a client certificate, and no way in from outside the stack.
+
+
+def test_a_networked_game_answers_only_over_tls_with_a_client_certificate(
+    node_control_plane: ControlPlane, networked_run: NetworkedRun
+) -> None:
+    cp = node_control_plane
+    head = head_pod(cp)
+    endpoint = f"{GAME_HOST}:50051"
+    certs = "/etc/uerl-game-tls"
+
+    def discover(*tls: str, timeout_s: int = 10) -> subprocess.CompletedProcess[str]:
+        argv = ["uerl", "discover", endpoint, "--timeout", str(timeout_s), *tls]
+        return cp.kubectl("exec", "-n", NAMESPACE, head, "--", *argv, check=False, timeout_s=180)
+
+    # The game may still be closing the stopped job's session: room to answer.
+    mutual = discover("--tls-ca", f"{certs}/ca.crt", "--tls-cert", f"{certs}/tls.crt",
+                      "--tls-key", f"{certs}/tls.key", timeout_s=90)  # fmt: skip
+    assert mutual.returncode == 0 and "agent" in mutual.stdout, mutual.stdout + mutual.stderr
+    assert discover().returncode != 0  # plaintext
+    assert discover("--tls-ca", f"{certs}/ca.crt").returncode != 0  # no client certificate
 
 
 def test_a_pod_outside_the_stack_cannot_reach_a_game(
