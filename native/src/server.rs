@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::http2::{self, header, Block, Connection, Incoming};
+use crate::server_http2::{self as http2, header, Block, Connection, Incoming};
 
 const UNIMPLEMENTED: i32 = 12;
 const INTERNAL: i32 = 13;
@@ -75,7 +75,7 @@ fn reply(conn: &mut Connection, stream: u32, result: Result<Vec<u8>, (i32, Strin
 fn serve(socket: TcpStream, handler: Py<PyAny>, shared: Arc<Shared>) -> std::io::Result<()> {
     let mut conn = Connection::new(socket)?;
     conn.read_preface()?;
-    conn.start(false)?;
+    conn.start()?;
     let mut open: std::collections::HashMap<u32, (String, Vec<u8>)> = Default::default();
     while !shared.stopping.load(Ordering::Relaxed) {
         let (stream, end) = match conn.next()? {

@@ -1,8 +1,7 @@
-//! Just enough HTTP/2 (RFC 9113) for gRPC unary calls, over a blocking TCP socket.
-//!
-//! Both ends of uerl's compiled transport use it: `client::Channel` and
-//! `server::Server`. A call is one write (HEADERS + DATA, and for replies the
-//! trailers too) and, in the common case, one read. Header blocks we send use HPACK
+//! Just enough HTTP/2 (RFC 9113) to serve gRPC unary calls, over a blocking TCP socket:
+//! the server side of `uerl mock-ue --transport native` (`server::Server`), whose clients
+//! are grpcio and uerl's compiled client (which is on the `h2` crate, `transport.rs`). A
+//! reply is one write (HEADERS, DATA and trailers together). Header blocks we send use HPACK
 //! literals without indexing (no table state to keep in step); blocks we receive go
 //! through a full HPACK decoder (the `hpack` crate), since peers do index and use
 //! Huffman coding. Flow control is honoured both ways; we advertise windows large
@@ -31,7 +30,6 @@ pub const PADDED: u8 = 0x8;
 pub const PRIORITY: u8 = 0x20;
 
 const SETTINGS_HEADER_TABLE_SIZE: u16 = 0x1;
-const SETTINGS_ENABLE_PUSH: u16 = 0x2;
 const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
 const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
 
@@ -121,8 +119,6 @@ pub struct Connection {
     send_window: i64,
     stream_windows: HashMap<u32, i64>,
     unacknowledged: i64,
-    /// Set once the peer said GOAWAY: streams above this id will never be served.
-    pub last_stream: Option<u32>,
 }
 
 /// Control frames are handled inside `Connection`; the rest go to the caller.
@@ -130,7 +126,7 @@ pub enum Incoming {
     Headers { stream: u32, end_stream: bool, headers: Headers },
     Data { stream: u32, end_stream: bool, data: Vec<u8> },
     Reset { stream: u32, code: u32 },
-    GoAway { last_stream: u32, debug: String },
+    GoAway { debug: String },
     Control,
 }
 
@@ -147,44 +143,19 @@ impl Connection {
             send_window: DEFAULT_WINDOW,
             stream_windows: HashMap::new(),
             unacknowledged: 0,
-            last_stream: None,
         })
     }
 
-    pub fn socket(&self) -> &TcpStream {
-        &self.writer
-    }
-
-    /// Our SETTINGS (windows large enough to never throttle a reply, no push) and the
-    /// matching connection-level WINDOW_UPDATE; the client sends the preface first.
-    pub fn start(&mut self, client: bool) -> io::Result<()> {
+    /// Our SETTINGS (windows large enough to never throttle a request) and the matching
+    /// connection-level WINDOW_UPDATE.
+    pub fn start(&mut self) -> io::Result<()> {
         let mut out = Vec::with_capacity(64);
-        if client {
-            out.extend_from_slice(PREFACE);
-        }
         let mut settings = Vec::new();
-        for (id, value) in [
-            (SETTINGS_ENABLE_PUSH, 0u32),
-            (SETTINGS_INITIAL_WINDOW_SIZE, OUR_WINDOW as u32),
-        ] {
-            if id == SETTINGS_ENABLE_PUSH && !client {
-                continue; // only clients may send ENABLE_PUSH
-            }
-            settings.extend_from_slice(&id.to_be_bytes());
-            settings.extend_from_slice(&value.to_be_bytes());
-        }
+        settings.extend_from_slice(&SETTINGS_INITIAL_WINDOW_SIZE.to_be_bytes());
+        settings.extend_from_slice(&(OUR_WINDOW as u32).to_be_bytes());
         put_frame(&mut out, SETTINGS, 0, 0, &settings);
         put_frame(&mut out, WINDOW_UPDATE, 0, 0, &((OUR_WINDOW - DEFAULT_WINDOW) as u32).to_be_bytes());
         self.writer.write_all(&out)
-    }
-
-    /// Read until the peer's first SETTINGS (acknowledged): the peer speaks HTTP/2.
-    pub fn await_settings(&mut self) -> io::Result<()> {
-        let frame = self.read_frame()?;
-        if frame.kind != SETTINGS || frame.flags & ACK != 0 {
-            return Err(protocol_error("the peer's first frame is not SETTINGS"));
-        }
-        self.apply_settings(&frame)
     }
 
     pub fn read_preface(&mut self) -> io::Result<()> {
@@ -311,13 +282,8 @@ impl Connection {
                 Ok(Incoming::Control)
             }
             GOAWAY => {
-                let word = |at: usize| {
-                    payload.get(at..at + 4).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-                };
-                let last_stream = word(0) & 0x7fff_ffff;
-                self.last_stream = Some(last_stream);
                 let debug = String::from_utf8_lossy(payload.get(8..).unwrap_or(&[])).into_owned();
-                Ok(Incoming::GoAway { last_stream, debug })
+                Ok(Incoming::GoAway { debug })
             }
             PUSH_PROMISE => Err(protocol_error("PUSH_PROMISE, though push is disabled")),
             _ => Ok(Incoming::Control), // PRIORITY and unknown frame types are ignored
@@ -473,22 +439,4 @@ pub fn percent_encode(text: &str) -> Vec<u8> {
         }
     }
     out
-}
-
-pub fn percent_decode(text: &[u8]) -> String {
-    let mut out = Vec::with_capacity(text.len());
-    let mut i = 0;
-    while i < text.len() {
-        if text[i] == b'%' && i + 2 < text.len() {
-            let hex = std::str::from_utf8(&text[i + 1..i + 3]).unwrap_or("");
-            if let Ok(byte) = u8::from_str_radix(hex, 16) {
-                out.push(byte);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(text[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

@@ -1,20 +1,32 @@
-//! The client side: a blocking gRPC unary-call channel for Python (GIL released).
+//! The client side: a blocking gRPC unary-call channel for Python (GIL released), on the
+//! `h2` crate (hyper's HTTP/2: flow control, HPACK, GOAWAY, PING, limits and years of
+//! fuzzing are its, not ours).
 //!
-//! One TCP connection, one call at a time, driven by the calling thread: no runtime,
-//! no hand-offs between threads, one write and usually one read per call. Every call
-//! has a deadline, sent as `grpc-timeout` and enforced on the socket, so a hung or
-//! vanished game is an error naming the cause, never a hang.
+//! One connection per channel, on a single-threaded tokio runtime that the calling thread
+//! drives during a call (no hand-off between threads on the step path). While no call
+//! runs, a small thread drives it instead, so the connection answers the game's keepalive
+//! pings and sees its GOAWAY or its end. Every call has a deadline, sent as
+//! `grpc-timeout` and enforced here, so a hung or vanished game is an error naming the
+//! cause, never a hang. docs/protocol.md lists what is supported and what is retried.
 
-use std::io;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use bytes::{Buf, Bytes, BytesMut};
+use h2::client::SendRequest;
+use h2::Reason;
+use http::{HeaderMap, HeaderValue, Method, Request, Uri};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-
-use crate::http2::{self, header, Block, Connection, Incoming};
+use tokio::runtime::Runtime;
+use tokio::sync::Notify;
 
 create_exception!(
     uerl_native,
@@ -28,255 +40,556 @@ const CANCELLED: i32 = 1;
 const UNKNOWN: i32 = 2;
 const INVALID_ARGUMENT: i32 = 3;
 const DEADLINE_EXCEEDED: i32 = 4;
+const PERMISSION_DENIED: i32 = 7;
 const RESOURCE_EXHAUSTED: i32 = 8;
+const UNIMPLEMENTED: i32 = 12;
 const INTERNAL: i32 = 13;
 const UNAVAILABLE: i32 = 14;
+const UNAUTHENTICATED: i32 = 16;
 
-// Static-table entries (RFC 7541, appendix A) of a gRPC request's headers.
-const METHOD_POST: usize = 3;
-const SCHEME_HTTP: usize = 6;
-const NAME_AUTHORITY: usize = 1;
-const NAME_PATH: usize = 4;
-const NAME_CONTENT_TYPE: usize = 31;
+/// Metadata a reply may carry (headers, trailers; RFC 7541 sizes), as gRPC C-core's hard
+/// limit: more fails the call with RESOURCE_EXHAUSTED.
+const MAX_METADATA_BYTES: usize = 16 << 10;
+/// What h2 is told (and advertises): room to see a block past our limit whole and refuse
+/// it ourselves, since h2 itself drops trailer fields past its limit without a word. A
+/// block past 4 times this ends the connection (h2's abuse limit: a CONTINUATION flood).
+const H2_HEADER_LIST_BYTES: u32 = 64 << 10;
+/// Flow-control windows: a step's reply (tens of KB for 16 environments) arrives without
+/// waiting for a WINDOW_UPDATE.
+const WINDOW_BYTES: u32 = 8 << 20;
+/// A call whose request provably never reached the game is sent again (on a new
+/// connection) at most this many times, within its deadline.
+const MAX_TRANSPARENT_RETRIES: usize = 3;
+/// The channel counts as idle (and the idle driver takes over the connection) after this.
+/// A CANCEL reset this close to the deadline is the game's own timer firing on it.
+const CANCEL_AT_DEADLINE: Duration = Duration::from_millis(10);
+/// A call after a pause this long first lets the connection catch up (see `call_blocking`).
+const CATCH_UP_AFTER: Duration = Duration::from_millis(2);
+const IDLE_AFTER: Duration = Duration::from_millis(50);
+const IDLE_SLICE: Duration = Duration::from_millis(500);
 
 type Failure = (i32, String);
 
-fn io_failure(err: io::Error, deadline: Instant) -> Failure {
-    match err.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-            (DEADLINE_EXCEEDED, "deadline exceeded".into())
-        }
-        _ if Instant::now() >= deadline => (DEADLINE_EXCEEDED, "deadline exceeded".into()),
-        io::ErrorKind::InvalidData => (INTERNAL, format!("HTTP/2 protocol error: {err}")),
-        _ => (UNAVAILABLE, format!("connection lost: {err}")),
+/// How an attempt failed: `Refused` never reached the game (safe to send again).
+enum Attempt {
+    Refused(Failure),
+    Failed(Failure),
+}
+
+fn deadline_exceeded() -> Failure {
+    (DEADLINE_EXCEEDED, "deadline exceeded".into())
+}
+
+/// gRPC's mapping of an HTTP status that is not a gRPC reply (doc/http-grpc-status-mapping.md).
+fn http_status_code(status: u16) -> i32 {
+    match status {
+        400 => INTERNAL,
+        401 => UNAUTHENTICATED,
+        403 => PERMISSION_DENIED,
+        404 => UNIMPLEMENTED,
+        429 | 502 | 503 | 504 => UNAVAILABLE,
+        _ => UNKNOWN,
     }
 }
 
-fn resolve(address: &str) -> io::Result<Vec<SocketAddr>> {
-    Ok(address.to_socket_addrs()?.collect())
+/// An `h2` error as a gRPC status, and whether the request provably never reached the
+/// game: refused (REFUSED_STREAM) or above the last stream of the game's GOAWAY.
+fn h2_failure(err: &h2::Error) -> Attempt {
+    if err.is_go_away() && err.is_remote() {
+        return Attempt::Refused((
+            UNAVAILABLE,
+            format!("the game closed the connection (GOAWAY {:?})", err.reason().unwrap_or(Reason::NO_ERROR)),
+        ));
+    }
+    if err.is_reset() && err.is_remote() {
+        let reason = err.reason().unwrap_or(Reason::INTERNAL_ERROR);
+        let failure = |code| (code, format!("the game reset the call (HTTP/2 {reason:?})"));
+        return match reason {
+            Reason::REFUSED_STREAM => Attempt::Refused(failure(UNAVAILABLE)),
+            Reason::CANCEL => Attempt::Failed(failure(CANCELLED)),
+            Reason::ENHANCE_YOUR_CALM => Attempt::Failed(failure(RESOURCE_EXHAUSTED)),
+            Reason::INADEQUATE_SECURITY => Attempt::Failed(failure(PERMISSION_DENIED)),
+            _ => Attempt::Failed(failure(INTERNAL)),
+        };
+    }
+    if err.is_io() {
+        return Attempt::Failed((UNAVAILABLE, format!("connection lost: {err}")));
+    }
+    match err.reason() {
+        // Limits this client sets (header list size): refused like C-core refuses them.
+        Some(Reason::REFUSED_STREAM) | Some(Reason::ENHANCE_YOUR_CALM) => {
+            Attempt::Failed((RESOURCE_EXHAUSTED, format!("reply refused: {err}")))
+        }
+        _ => Attempt::Failed((INTERNAL, format!("HTTP/2 protocol error: {err}"))),
+    }
 }
 
-/// A TCP connection that completed the HTTP/2 handshake: the peer answered with its
-/// SETTINGS. (A TCP accept alone proves little: a game still loading, or a TLS server
-/// spoken to in plaintext, accepts and never answers.)
-fn open(address: &str, deadline: Instant) -> io::Result<Connection> {
-    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{address} resolves to nothing"));
-    for addr in resolve(address)? {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
-        match TcpStream::connect_timeout(&addr, left) {
-            Ok(socket) => {
-                socket.set_read_timeout(Some(left))?;
-                socket.set_write_timeout(Some(left))?;
-                let mut conn = Connection::new(socket)?;
-                conn.start(true)?;
-                conn.await_settings()?;
-                return Ok(conn);
+fn grpc_timeout(timeout: Duration) -> HeaderValue {
+    let ms = timeout.as_millis().max(1);
+    let text = if ms < 100_000_000 { format!("{ms}m") } else { format!("{}S", timeout.as_secs().min(99_999_999)) };
+    HeaderValue::from_str(&text).expect("ASCII")
+}
+
+fn percent_decode(raw: &[u8]) -> String {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' && i + 2 < raw.len() {
+            let hex = std::str::from_utf8(&raw[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+            if let Some(byte) = hex {
+                out.push(byte);
+                i += 3;
+                continue;
             }
-            Err(err) => last = err,
+        }
+        out.push(raw[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The call's status from trailers (or a trailers-only reply's headers); None if absent.
+fn grpc_status(headers: &HeaderMap) -> Option<Result<(), Failure>> {
+    let code = headers.get("grpc-status")?;
+    let code: i32 = match code.to_str().ok().and_then(|c| c.trim().parse().ok()) {
+        Some(code) => code,
+        None => return Some(Err((UNKNOWN, format!("a malformed grpc-status {code:?}")))),
+    };
+    if code == 0 {
+        return Some(Ok(()));
+    }
+    let message = headers.get("grpc-message").map(|m| percent_decode(m.as_bytes())).unwrap_or_default();
+    Some(Err((code, message)))
+}
+
+/// The one message of a unary reply: its length prefix checked against the limit before
+/// any of it is waited for, decompressed as `grpc-encoding` says (bounded by the limit).
+fn unframe(data: &[u8], encoding: Option<&HeaderValue>, max: usize) -> Result<Vec<u8>, Failure> {
+    if data.is_empty() {
+        return Err((INTERNAL, "the game answered OK without a reply message".into()));
+    }
+    if data.len() < 5 {
+        return Err((INTERNAL, format!("reply: a {}-byte message prefix (5 expected)", data.len())));
+    }
+    let compressed = data[0];
+    let length = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+    let message = &data[5..];
+    if message.len() != length {
+        return Err((INTERNAL, format!("reply: {} message byte(s) after a prefix of {length}", message.len())));
+    }
+    match compressed {
+        0 => Ok(message.to_vec()),
+        1 => {
+            let encoding = encoding.map(HeaderValue::as_bytes).unwrap_or(b"identity");
+            let mut out = Vec::new();
+            let limit = max as u64 + 1;
+            let read = match encoding {
+                b"gzip" => flate2::read::GzDecoder::new(message).take(limit).read_to_end(&mut out),
+                b"deflate" => flate2::read::ZlibDecoder::new(message).take(limit).read_to_end(&mut out),
+                other => {
+                    return Err((
+                        INTERNAL,
+                        format!(
+                            "a compressed message, but the reply's grpc-encoding is {:?}",
+                            String::from_utf8_lossy(other)
+                        ),
+                    ))
+                }
+            };
+            read.map_err(|e| (INTERNAL, format!("reply: cannot decompress it: {e}")))?;
+            if out.len() > max {
+                return Err((RESOURCE_EXHAUSTED, format!("reply larger than {max} bytes once decompressed")));
+            }
+            Ok(out)
+        }
+        flag => Err((INTERNAL, format!("reply: message flag {flag} (0 or 1 expected)"))),
+    }
+}
+
+fn check_metadata(headers: &HeaderMap, what: &str) -> Result<(), Failure> {
+    let size: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len() + 32).sum();
+    if size > MAX_METADATA_BYTES {
+        return Err((
+            RESOURCE_EXHAUSTED,
+            format!("the reply's {what} hold {size} bytes of metadata, more than the limit of {MAX_METADATA_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_prefix(data: &[u8], max: usize) -> Result<(), Failure> {
+    if data.len() >= 5 {
+        let length = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+        if length > max {
+            return Err((RESOURCE_EXHAUSTED, format!("reply of {length} bytes, larger than the limit of {max}")));
+        }
+        if data.len() > 5 + length {
+            return Err((INTERNAL, "a unary reply with more than one message".into()));
+        }
+    }
+    Ok(())
+}
+
+/// One live connection: where requests go, and whether its task still runs.
+#[derive(Clone)]
+struct Conn {
+    send: SendRequest<Bytes>,
+    alive: Arc<AtomicBool>,
+}
+
+/// A TCP connection that completed the HTTP/2 handshake and answered a PING. (A TCP
+/// accept alone proves little: a game still loading, or a TLS server spoken to in
+/// plaintext, accepts and never answers.)
+async fn open(address: &str, deadline: tokio::time::Instant) -> Result<Conn, Failure> {
+    let addrs: Vec<SocketAddr> = address
+        .to_socket_addrs()
+        .map_err(|e| (UNAVAILABLE, format!("cannot resolve {address}: {e}")))?
+        .collect();
+    let mut last = (UNAVAILABLE, format!("{address} resolves to nothing"));
+    for addr in addrs {
+        let tcp = match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await {
+            Err(_) => return Err(deadline_exceeded()),
+            Ok(Err(e)) => {
+                last = (UNAVAILABLE, format!("cannot connect to {addr}: {e}"));
+                continue;
+            }
+            Ok(Ok(tcp)) => tcp,
+        };
+        let _ = tcp.set_nodelay(true);
+        let handshake = h2::client::Builder::new()
+            .enable_push(false)
+            .initial_window_size(WINDOW_BYTES)
+            .initial_connection_window_size(WINDOW_BYTES)
+            .max_header_list_size(H2_HEADER_LIST_BYTES)
+            .handshake::<_, Bytes>(tcp);
+        let (send, mut connection) = match tokio::time::timeout_at(deadline, handshake).await {
+            Err(_) => return Err(deadline_exceeded()),
+            Ok(Err(e)) => {
+                last = (UNAVAILABLE, format!("no HTTP/2 from {addr}: {e}"));
+                continue;
+            }
+            Ok(Ok(pair)) => pair,
+        };
+        let mut pings = connection.ping_pong().expect("taken once");
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = alive.clone();
+        tokio::spawn(async move {
+            let _ = connection.await;
+            flag.store(false, Ordering::Release);
+        });
+        match tokio::time::timeout_at(deadline, pings.ping(h2::Ping::opaque())).await {
+            Err(_) => return Err(deadline_exceeded()),
+            // An HTTP/1.1 server, a TLS one, garbage: not a game's gRPC server (yet).
+            Ok(Err(e)) => last = (UNAVAILABLE, format!("no HTTP/2 from {addr}: {e}")),
+            Ok(Ok(_pong)) => return Ok(Conn { send, alive }),
         }
     }
     Err(last)
 }
 
-fn grpc_timeout(timeout: Duration) -> String {
-    let ms = timeout.as_millis().max(1);
-    if ms < 100_000_000 {
-        format!("{ms}m")
-    } else {
-        format!("{}S", timeout.as_secs().min(99_999_999))
+struct Call<'a> {
+    uri: &'a Uri,
+    body: Bytes,
+    timeout: HeaderValue,
+    max: usize,
+}
+
+async fn attempt(conn: &Conn, call: &Call<'_>) -> Result<Vec<u8>, Attempt> {
+    let mut send = conn.send.clone().ready().await.map_err(|e| match h2_failure(&e) {
+        Attempt::Refused(f) | Attempt::Failed(f) => Attempt::Refused(f),
+    })?;
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(call.uri.clone())
+        .header("content-type", HeaderValue::from_static("application/grpc"))
+        .header("te", HeaderValue::from_static("trailers"))
+        .header("grpc-timeout", call.timeout.clone())
+        .header("grpc-accept-encoding", HeaderValue::from_static("identity,deflate,gzip"))
+        .body(())
+        .expect("a valid request");
+    // Not sent yet if this fails: the connection closed before the stream opened.
+    let (response, mut stream) = send.send_request(request, false).map_err(|e| match h2_failure(&e) {
+        Attempt::Refused(f) | Attempt::Failed(f) => Attempt::Refused(f),
+    })?;
+    stream.send_data(call.body.clone(), true).map_err(|e| h2_failure(&e))?;
+    let response = response.await.map_err(|e| h2_failure(&e))?;
+    let (head, mut body) = response.into_parts();
+    check_metadata(&head.headers, "headers").map_err(Attempt::Failed)?;
+    if let Some(status) = grpc_status(&head.headers) {
+        // Trailers-only: the status is all there is.
+        status.map_err(Attempt::Failed)?;
+        return Err(Attempt::Failed((INTERNAL, "the game answered OK without a reply message".into())));
     }
-}
-
-fn status_of(headers: &http2::Headers) -> Option<Result<(), Failure>> {
-    let code = header(headers, b"grpc-status")?;
-    let code: i32 = std::str::from_utf8(code).ok()?.trim().parse().ok()?;
-    if code == 0 {
-        return Some(Ok(()));
+    if head.status != http::StatusCode::OK {
+        let code = http_status_code(head.status.as_u16());
+        return Err(Attempt::Failed((code, format!("HTTP status {} instead of a gRPC reply", head.status.as_u16()))));
     }
-    let message = header(headers, b"grpc-message").map(http2::percent_decode).unwrap_or_default();
-    Some(Err((code, message)))
+    let mut data = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(|e| h2_failure(&e))?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(chunk.chunk());
+        check_prefix(&data, call.max).map_err(Attempt::Failed)?;
+    }
+    let trailers = body.trailers().await.map_err(|e| h2_failure(&e))?;
+    if let Some(trailers) = &trailers {
+        check_metadata(trailers, "trailers").map_err(Attempt::Failed)?;
+    }
+    match trailers.as_ref().and_then(grpc_status) {
+        Some(Ok(())) => {}
+        Some(Err(failure)) => return Err(Attempt::Failed(failure)),
+        None => return Err(Attempt::Failed((UNKNOWN, "the reply ended without a grpc-status".into()))),
+    }
+    unframe(&data, head.headers.get("grpc-encoding"), call.max).map_err(Attempt::Failed)
 }
 
-struct Live {
-    conn: Connection,
-    next_stream: u32,
-    read_timeout: Option<Duration>,
+/// What the channel and its idle driver share.
+struct Shared {
+    runtime: Runtime,
+    conn: Mutex<Option<Conn>>,
+    connecting: Mutex<()>,
+    in_flight: AtomicUsize,
+    /// When the last call ended, in ns since `epoch`.
+    last_end_ns: AtomicU64,
+    epoch: Instant,
+    /// Ends the idle driver's slice when a call starts.
+    interrupt: Notify,
+    stop: Mutex<bool>,
+    stopping: Condvar,
 }
 
-impl Live {
-    fn call(
-        &mut self,
-        authority: &[u8],
-        path: &[u8],
-        request: &[u8],
-        timeout: Duration,
-        max_reply: usize,
-    ) -> Result<Vec<u8>, Failure> {
-        let deadline = Instant::now() + timeout;
-        if self.read_timeout != Some(timeout) {
-            // One setsockopt per distinct timeout, not per call: deadlines are checked per frame.
-            let socket = self.conn.socket();
-            let limit = Some(timeout.max(Duration::from_millis(1)));
-            socket.set_read_timeout(limit).and_then(|_| socket.set_write_timeout(limit)).map_err(|e| io_failure(e, deadline))?;
-            self.read_timeout = Some(timeout);
-        }
-        if let Some(last) = self.conn.last_stream {
-            return Err((UNAVAILABLE, format!("the game is closing the connection (GOAWAY after stream {last})")));
-        }
-        let stream = self.next_stream;
-        self.next_stream += 2;
-        let headers = Block::default()
-            .indexed(METHOD_POST)
-            .indexed(SCHEME_HTTP)
-            .named(NAME_PATH, path)
-            .named(NAME_AUTHORITY, authority)
-            .named(NAME_CONTENT_TYPE, b"application/grpc")
-            .literal(b"te", b"trailers")
-            .literal(b"grpc-timeout", grpc_timeout(timeout).as_bytes());
-        let mut parked = Vec::new();
-        let body = http2::grpc_frame(request);
-        self.conn.send(stream, &headers, Some(&body), None, &mut parked).map_err(|e| io_failure(e, deadline))?;
-        let mut got_headers = false;
-        let mut data: Vec<u8> = Vec::new();
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn live(&self) -> Option<Conn> {
+        let guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_ref().filter(|c| c.alive.load(Ordering::Acquire)).cloned()
+    }
+
+    fn set(&self, conn: Option<Conn>) {
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = conn;
+    }
+
+    /// Drives the connection while no call does: answers keepalive pings, takes in a
+    /// GOAWAY or the connection's end, so the next call starts on a connection that works.
+    fn idle_driver(self: Arc<Self>) {
+        let mut stop = self.stop.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            let incoming = match parked.pop() {
-                Some(frame) => frame,
-                None => self.conn.next().map_err(|e| io_failure(e, deadline))?,
-            };
-            if Instant::now() > deadline {
-                return Err((DEADLINE_EXCEEDED, "deadline exceeded".into()));
+            stop = self.stopping.wait_timeout(stop, IDLE_AFTER).unwrap_or_else(|p| p.into_inner()).0;
+            if *stop {
+                return;
             }
-            match incoming {
-                Incoming::Headers { stream: s, end_stream, headers } if s == stream => {
-                    if !got_headers {
-                        got_headers = true;
-                        match header(&headers, b":status") {
-                            Some(b"200") => {}
-                            other => {
-                                let status = String::from_utf8_lossy(other.unwrap_or(b"none")).into_owned();
-                                return Err((UNKNOWN, format!("HTTP status {status} instead of a gRPC reply")));
-                            }
-                        }
-                        if !end_stream {
-                            continue;
-                        }
-                    } else if !end_stream {
-                        return Err((INTERNAL, "a second header block that does not end the reply".into()));
-                    }
-                    // Trailers (or a trailers-only reply): the call's status.
-                    match status_of(&headers) {
-                        Some(Ok(())) => {}
-                        Some(Err(failure)) => return Err(failure),
-                        None => return Err((UNKNOWN, "the reply has no grpc-status".into())),
-                    }
-                    return http2::grpc_unframe(&data)
-                        .map(<[u8]>::to_vec)
-                        .map_err(|e| (INTERNAL, format!("reply: {e}")));
-                }
-                Incoming::Data { stream: s, data: chunk, end_stream } if s == stream => {
-                    data.extend_from_slice(&chunk);
-                    if data.len() > max_reply + 5 {
-                        return Err((RESOURCE_EXHAUSTED, format!("reply larger than {max_reply} bytes")));
-                    }
-                    if end_stream {
-                        return Err((INTERNAL, "the reply ended without trailers".into()));
-                    }
-                }
-                Incoming::Reset { stream: s, code } if s == stream => {
-                    // RST_STREAM codes (RFC 9113, 7): REFUSED_STREAM may be retried, CANCEL is a cancel.
-                    let status = match code {
-                        0x7 => UNAVAILABLE,
-                        0x8 => CANCELLED,
-                        0xb => RESOURCE_EXHAUSTED,
-                        _ => INTERNAL,
-                    };
-                    return Err((status, format!("the game reset the call (HTTP/2 error {code})")));
-                }
-                Incoming::GoAway { last_stream, debug, .. } if last_stream < stream => {
-                    return Err((UNAVAILABLE, format!("the game closed the connection (GOAWAY {debug})")));
-                }
-                _ => {} // frames of earlier, abandoned calls
+            let idle_ns = self.now_ns().saturating_sub(self.last_end_ns.load(Ordering::Acquire));
+            if self.in_flight.load(Ordering::Acquire) > 0 || idle_ns < IDLE_AFTER.as_nanos() as u64 {
+                continue;
             }
+            if self.live().is_none() {
+                continue;
+            }
+            drop(stop);
+            self.runtime.block_on(async {
+                tokio::select! {
+                    _ = self.interrupt.notified() => {}
+                    _ = tokio::time::sleep(IDLE_SLICE) => {}
+                }
+            });
+            stop = self.stop.lock().unwrap_or_else(|p| p.into_inner());
         }
     }
 }
 
-#[pyclass(module = "uerl_native")]
+/// Marks a call in flight for as long as it lives.
+struct InFlight<'a>(&'a Shared);
+
+impl<'a> InFlight<'a> {
+    fn start(shared: &'a Shared) -> Self {
+        shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        shared.interrupt.notify_one();
+        InFlight(shared)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.last_end_ns.store(self.0.now_ns(), Ordering::Release);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[pyclass(module = "uerl_native", frozen)]
 pub struct Channel {
     address: String,
-    live: Option<Live>,
+    authority: String,
     max_message_bytes: usize,
+    shared: Arc<Shared>,
+    driver: Mutex<Option<JoinHandle<()>>>,
+    /// Each method's URI, parsed once.
+    uris: Mutex<HashMap<String, Uri>>,
 }
 
 impl Channel {
-    /// `call` for Rust callers: the reply's bytes, or `RpcError`.
-    pub fn call_bytes(
-        &mut self,
-        py: Python<'_>,
-        method: &str,
-        request: &[u8],
-        timeout_s: f64,
-    ) -> PyResult<Vec<u8>> {
-        let timeout = Duration::from_secs_f64(timeout_s.max(0.001));
-        let max = self.max_message_bytes;
-        let address = self.address.as_str();
-        let mut live = self.live.take();
-        let result = py.allow_threads(|| {
-            let deadline = Instant::now() + timeout;
-            let live_ref = match &mut live {
-                Some(l) => l,
-                None => {
-                    let conn = open(address, deadline).map_err(|e| io_failure(e, deadline))?;
-                    live.insert(Live { conn, next_stream: 1, read_timeout: None })
-                }
+    fn uri(&self, method: &str) -> Result<Uri, Failure> {
+        let mut uris = self.uris.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(uri) = uris.get(method) {
+            return Ok(uri.clone());
+        }
+        let uri: Uri = format!("http://{}{}", self.authority, method)
+            .parse()
+            .map_err(|e| (INVALID_ARGUMENT, format!("bad method {method:?}: {e}")))?;
+        uris.insert(method.to_string(), uri.clone());
+        Ok(uri)
+    }
+
+    /// The live connection, or a new one: one at a time, so calls that start together
+    /// from several threads share one connection (and its stream limit).
+    fn connect(&self, deadline: Instant) -> Result<Conn, Failure> {
+        let shared = &self.shared;
+        let _one = shared.connecting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(conn) = shared.live() {
+            return Ok(conn);
+        }
+        let at = tokio::time::Instant::from_std(deadline);
+        let conn = shared.runtime.block_on(open(&self.address, at))?;
+        shared.set(Some(conn.clone()));
+        Ok(conn)
+    }
+
+    fn call_blocking(&self, method: &str, request: &[u8], timeout: Duration) -> Result<Vec<u8>, Failure> {
+        let shared = &*self.shared;
+        let idle_ns = shared.now_ns().saturating_sub(shared.last_end_ns.load(Ordering::Acquire));
+        let _in_flight = InFlight::start(shared);
+        let deadline = Instant::now() + timeout;
+        let uri = self.uri(method)?;
+        let mut framed = BytesMut::with_capacity(request.len() + 5);
+        framed.extend_from_slice(&[0]);
+        framed.extend_from_slice(&(request.len() as u32).to_be_bytes());
+        framed.extend_from_slice(request);
+        let call = Call { uri: &uri, body: framed.freeze(), timeout: grpc_timeout(timeout), max: self.max_message_bytes };
+        let mut retries = 0;
+        loop {
+            let conn = match shared.live() {
+                // After a pause, let the connection take in what arrived meanwhile (a
+                // GOAWAY, its end when a game restarted) before a request goes out on it:
+                // two turns of the scheduler, one to poll the socket, one to run the
+                // connection's task. Back-to-back steps skip it (the idle driver covers
+                // pauses past IDLE_AFTER; this covers the ones below).
+                Some(conn) if idle_ns > CATCH_UP_AFTER.as_nanos() as u64 => shared.runtime.block_on(async {
+                    tokio::task::yield_now().await;
+                    tokio::task::yield_now().await;
+                    conn
+                }),
+                Some(conn) => conn,
+                None => self.connect(deadline)?,
             };
-            live_ref.call(address.as_bytes(), method.as_bytes(), request, timeout, max)
-        });
-        match result {
-            Ok(reply) => {
-                self.live = live;
-                Ok(reply)
+            if !conn.alive.load(Ordering::Acquire) {
+                shared.set(None);
+                continue;
             }
-            // A game's own error status leaves the connection usable; anything else drops it.
-            Err((code, details)) => {
-                let transport = matches!(code, UNAVAILABLE | DEADLINE_EXCEEDED | INTERNAL);
-                if !transport {
-                    self.live = live;
+            let at = tokio::time::Instant::from_std(deadline);
+            let result = shared.runtime.block_on(async { tokio::time::timeout_at(at, attempt(&conn, &call)).await });
+            match result {
+                Ok(Ok(reply)) => return Ok(reply),
+                Ok(Err(Attempt::Refused(failure))) => {
+                    shared.set(None);
+                    retries += 1;
+                    if retries > MAX_TRANSPARENT_RETRIES || Instant::now() >= deadline {
+                        return Err(failure);
+                    }
                 }
-                Err(RpcError::new_err((code, details)))
+                Ok(Err(Attempt::Failed(failure))) if failure.0 == CANCELLED && Instant::now() + CANCEL_AT_DEADLINE >= deadline => {
+                    // The game timed the call out too (grpc-timeout) and reset it.
+                    shared.set(None);
+                    return Err(deadline_exceeded());
+                }
+                Ok(Err(Attempt::Failed(failure))) => {
+                    // A game's own status leaves the connection usable; anything else drops it.
+                    if matches!(failure.0, UNAVAILABLE | INTERNAL | UNKNOWN) {
+                        shared.set(None);
+                    }
+                    return Err(failure);
+                }
+                Err(_) => {
+                    // The stream is reset (CANCEL) as its futures drop; a game that froze
+                    // gets a fresh connection next time.
+                    shared.set(None);
+                    return Err(deadline_exceeded());
+                }
             }
         }
+    }
+
+    /// `call` for Rust callers: the reply's bytes, or `RpcError`. A panic anywhere below
+    /// becomes INTERNAL: it must not reach Python as a `PanicException`.
+    pub fn call_bytes(&self, py: Python<'_>, method: &str, request: &[u8], timeout_s: f64) -> PyResult<Vec<u8>> {
+        let timeout = Duration::from_secs_f64(timeout_s.clamp(0.001, 1e9));
+        let result = py.allow_threads(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call_blocking(method, request, timeout)))
+                .unwrap_or_else(|_| {
+                    self.shared.set(None);
+                    Err((INTERNAL, "the client failed on the game's reply (a bug: please report it)".into()))
+                })
+        });
+        result.map_err(|(code, details)| RpcError::new_err((code, details)))
     }
 }
 
 #[pymethods]
 impl Channel {
-    /// A plaintext channel to `host:port`; nothing is connected until `wait_ready`.
+    /// A plaintext channel to `host:port`; nothing is connected until `wait_ready` or a call.
     #[new]
     fn new(address: &str, max_message_bytes: usize) -> PyResult<Self> {
-        let valid = address.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !valid {
+        let valid = address
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        let authority_ok = valid && address.parse::<http::uri::Authority>().is_ok();
+        if !authority_ok {
             return Err(RpcError::new_err((INVALID_ARGUMENT, format!("bad address {address:?}: expected host:port"))));
         }
-        Ok(Self { address: address.to_string(), live: None, max_message_bytes })
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| RpcError::new_err((INTERNAL, format!("cannot start the client's runtime: {e}"))))?;
+        let shared = Arc::new(Shared {
+            runtime,
+            conn: Mutex::new(None),
+            connecting: Mutex::new(()),
+            in_flight: AtomicUsize::new(0),
+            last_end_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
+            interrupt: Notify::new(),
+            stop: Mutex::new(false),
+            stopping: Condvar::new(),
+        });
+        let idle = shared.clone();
+        let driver = std::thread::Builder::new()
+            .name("uerl-h2-idle".into())
+            .spawn(move || idle.idle_driver())
+            .map_err(|e| RpcError::new_err((INTERNAL, format!("cannot start the client's idle thread: {e}"))))?;
+        Ok(Self {
+            address: address.to_string(),
+            authority: address.to_string(),
+            max_message_bytes,
+            shared,
+            driver: Mutex::new(Some(driver)),
+            uris: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Connect, retrying with backoff until `timeout_s`: a game may still be starting.
-    fn wait_ready(&mut self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
-        if self.live.is_some() {
+    fn wait_ready(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        if self.shared.live().is_some() {
             return Ok(());
         }
-        let address = self.address.clone();
-        let result = py.allow_threads(move || {
-            let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.max(0.0));
+        let result = py.allow_threads(|| {
+            let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.clamp(0.0, 1e9));
             let mut backoff = Duration::from_millis(20);
             loop {
-                match open(&address, deadline) {
-                    Ok(conn) => return Ok(conn),
-                    Err(err) => {
+                let attempt_deadline = deadline.max(Instant::now() + Duration::from_millis(1));
+                match self.connect(attempt_deadline) {
+                    Ok(_) => return Ok(()),
+                    Err((_, err)) => {
                         if Instant::now() + backoff >= deadline {
                             return Err(format!("no HTTP/2 connection within {timeout_s} s: {err}"));
                         }
@@ -286,35 +599,35 @@ impl Channel {
                 }
             }
         });
-        match result {
-            Ok(conn) => {
-                self.live = Some(Live { conn, next_stream: 1, read_timeout: None });
-                Ok(())
-            }
-            Err(msg) => Err(RpcError::new_err((UNAVAILABLE, msg))),
-        }
+        result.map_err(|msg| RpcError::new_err((UNAVAILABLE, msg)))
     }
 
     /// One unary call, e.g. `call("/Schola.GymService/UpdateState", request, 60.0)`.
-    /// After a failure the connection is dropped; the next call opens a new one.
-    fn call<'py>(
-        &mut self,
-        py: Python<'py>,
-        method: &str,
-        request: &[u8],
-        timeout_s: f64,
-    ) -> PyResult<Bound<'py, PyBytes>> {
+    /// Safe from several threads at once (calls share the connection as HTTP/2 streams).
+    fn call<'py>(&self, py: Python<'py>, method: &str, request: &[u8], timeout_s: f64) -> PyResult<Bound<'py, PyBytes>> {
         let reply = self.call_bytes(py, method, request, timeout_s)?;
         Ok(PyBytes::new(py, &reply))
     }
 
     /// Drop the connection; the object can `wait_ready` again.
-    fn close(&mut self) {
-        self.live = None;
+    fn close(&self) {
+        self.shared.set(None);
     }
 
     #[getter]
     fn connected(&self) -> bool {
-        self.live.is_some()
+        self.shared.live().is_some()
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        *self.shared.stop.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.shared.stopping.notify_all();
+        self.shared.interrupt.notify_one();
+        if let Some(driver) = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = driver.join();
+        }
+        self.shared.set(None);
     }
 }

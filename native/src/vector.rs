@@ -25,7 +25,7 @@ fn leaf_array<'py>(py: Python<'py>, leaf: &Column) -> Bound<'py, PyAny> {
 pub fn vector_step<'py>(
     py: Python<'py>,
     codec: PyRef<'py, StepCodec>,
-    mut channel: PyRefMut<'py, Channel>,
+    channel: PyRef<'py, Channel>,
     mut episodes: PyRefMut<'py, Episodes>,
     actions: &Bound<'py, PyList>,
     num_envs: usize,

@@ -14,8 +14,10 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
-    # UpdateState is not idempotent: never let gRPC replay it transparently.
-    ("grpc.enable_retries", 0),
+    # Only transparent retries (no retry policy is configured): a call is sent again only
+    # when the game provably never saw it (refused stream, above a GOAWAY's last stream),
+    # as the compiled client does; UpdateState is not idempotent, so nothing else is.
+    ("grpc.enable_retries", 1),
 ]
 
 
@@ -49,11 +51,15 @@ class GrpcioTransport:
                 method, _registered_method=True
             )
         try:
-            return callable_(request, timeout=timeout_s)
+            reply = callable_(request, timeout=timeout_s)
         except self._grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else str(exc)
             raise CallError(code.name if code else "UNKNOWN", details or "") from None
+        if reply is None:
+            # gRPC Python's unary call gives None for an OK status with no message.
+            raise CallError("INTERNAL", "the game answered OK without a reply message")
+        return reply
 
     def close(self) -> None:
         self._channel.close()

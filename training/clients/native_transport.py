@@ -1,5 +1,6 @@
-"""`Transport` over the compiled client: uerl's own blocking HTTP/2 channel
-(`native/src/transport.rs`, `http2.rs`) driven by the calling thread, one call at a time."""
+"""`Transport` over the compiled client (`native/src/transport.rs`): gRPC unary calls on
+the `h2` crate, driven by the calling thread; what it supports and retries is in
+docs/protocol.md."""
 
 from __future__ import annotations
 
