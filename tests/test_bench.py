@@ -52,13 +52,18 @@ def test_every_path_reports_its_cpu_per_step_for_a_continuous_action_env() -> No
 
 
 @pytest.mark.slow
-def test_end_to_end_ppo_reports_each_path_against_in_process(
+def test_end_to_end_ppo_reports_each_path_against_rllibs_single_agent_ppo(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["--envs", "2", "--seconds", "0.2", "--rounds", "1"]
     assert bench.main([*argv, "--e2e-envs", "2", "--e2e-iterations", "1"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PPO")]
-    assert [line.split()[1] for line in lines] == ["in-process", "python", "native"], lines
+    labels = [line.removeprefix("PPO").split(" x")[0].strip() for line in lines]
+    assert labels == [
+        "RLlib single-agent", "RLlib multi-agent", "uerl python client", "uerl native client"
+    ], lines  # fmt: skip
     for line in lines:
-        sampling, iterations = (float(x.replace(",", "")) for x in STEPS.findall(line))
+        iterations, sampling = (float(x.replace(",", "")) for x in STEPS.findall(line))
         assert sampling > 0 and iterations > 0 and "MiB" in line, line
+    # Every path but the baseline says what fraction of it, for both rates.
+    assert all(len(re.findall(r"\(\d+\.\d\dx\)", line)) == 2 for line in lines[1:]), lines

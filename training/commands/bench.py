@@ -302,21 +302,32 @@ def main(argv: list[str]) -> int:
 
 
 def _print_e2e(figures: list[Any]) -> None:
-    """PPO per path: sampling and whole-iteration env-steps/s, each vs in-process."""
-    baseline = {f.envs_per_game: f for f in figures if f.path == "in_process"}
+    """PPO per path: whole-iteration env-steps/s (what the progress line shows) and
+    sampling env-steps/s, each as a fraction of RLlib's single-agent PPO in-process."""
+    from training.commands.bench_e2e import BASELINE
+
+    baseline = {f.envs_per_game: f for f in figures if f.path == BASELINE}
+
+    def ratio(path: str, value: float, base_value: float) -> str:
+        return "" if path == BASELINE else f"({value / base_value:.2f}x)"
+
     for f in figures:
         base = baseline[f.envs_per_game]
-        ratios = (
-            ""
-            if f.path == "in_process"
-            else f" ({f.sample_steps_per_s / base.sample_steps_per_s:.2f}x)"
-        )
+
         rss = "n/a" if f.runner_rss_mb is None else f"{f.runner_rss_mb:,.0f} MiB"
         print(
-            f"PPO         {E2E_LABELS[f.path]} x{f.envs_per_game:<2} per game: sampling "
-            f"{f.sample_steps_per_s:>7,.0f} env-steps/s{ratios:8}  iterations "
-            f"{f.iteration_steps_per_s:>6,.0f} env-steps/s  env runner RSS {rss}"
+            f"PPO         {E2E_LABELS[f.path]} x{f.envs_per_game:<2} per game: iterations "
+            f"{f.iteration_steps_per_s:>7,.0f} env-steps/s "
+            f"{ratio(f.path, f.iteration_steps_per_s, base.iteration_steps_per_s):8}  sampling "
+            f"{f.sample_steps_per_s:>7,.0f} env-steps/s "
+            f"{ratio(f.path, f.sample_steps_per_s, base.sample_steps_per_s):8}  "
+            f"env runner RSS {rss}"
         )
 
 
-E2E_LABELS = {"in_process": "in-process  ", "python": "python client", "native": "native client"}
+E2E_LABELS = {
+    "rllib": "RLlib single-agent",
+    "multi_agent": "RLlib multi-agent ",
+    "python": "uerl python client",
+    "native": "uerl native client",
+}

@@ -1,15 +1,18 @@
 """`uerl bench`'s end-to-end part: PPO stepping the environments in-process vs in games.
 
 One PPO config (uerl's `build_ppo_config`: same runners, environments per runner and
-hyperparameters), three places for the environments:
-  in-process  the scenario as a one-agent MultiAgentEnv in RLlib's own MultiAgentEnvRunner;
-  python      mock games (one per env runner) reached with the gRPC Python client;
-  native      the same, with the compiled client.
-All three train on one local cluster of raylets, as `uerl local` runs them (head without
-CPUs, worker nodes advertising `ue_worker`), one iteration each per round, so all see
-the same machine load. Per path: env steps per second of sampling (RLlib's sampling
-timer, which is what the client changes), per second of whole iterations (learner
-included), and the env runners' resident memory.
+hyperparameters), four places for the environments:
+  rllib        what a user compares with: RLlib's own single-agent PPO on the gymnasium
+               environment (`SingleAgentEnvRunner`), the baseline of every ratio;
+  multi_agent  the scenario as a one-agent MultiAgentEnv in RLlib's MultiAgentEnvRunner
+               (the env runner class uerl's runner builds on);
+  python       mock games (one per env runner) reached with the gRPC Python client;
+  native       the same, with the compiled client.
+All train on one local cluster of raylets, as `uerl local` runs them (head without CPUs,
+worker nodes advertising `ue_worker`), one iteration each per round, so all see the same
+machine load. Per path: env steps per second of whole iterations (what a user sees in
+the progress line, learner included), of sampling (RLlib's sampling timer, which is what
+the client changes), and the env runners' resident memory.
 """
 
 from __future__ import annotations
@@ -101,6 +104,31 @@ def _games(
     raise RuntimeError("no run of free consecutive ports for the mock games")
 
 
+BASELINE = "rllib"
+
+
+def single_agent_config(uerl_config: Any, env_id: str) -> Any:
+    """uerl's PPO config (same runners, environments per runner, hyperparameters, seed)
+    as RLlib's ordinary single-agent PPO on the gymnasium environment `env_id`."""
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+    from ray.rllib.policy.sample_batch import DEFAULT_POLICY_ID
+
+    config = uerl_config.copy(copy_frozen=False)
+    config.environment(
+        env=env_id, observation_space=None, action_space=None, disable_env_checking=False
+    )
+    config.env_config = {}  # `environment(env_config=...)` merges into uerl's; replace it
+    config.env_runners(env_runner_cls=SingleAgentEnvRunner)
+    config.multi_agent(
+        policies={DEFAULT_POLICY_ID},
+        policy_mapping_fn=lambda *_args, **_kwargs: DEFAULT_POLICY_ID,
+        policies_to_train=None,
+    )
+    config.rl_module(rl_module_spec=RLModuleSpec())
+    return config
+
+
 def run(
     env_id: str, envs_per_game: int, iterations: int, clients: list[str], runners: int = 2
 ) -> list[E2EFigures]:
@@ -115,7 +143,7 @@ def run(
     from training.rllib.env_runner import UEConnection
 
     server = "native" if native.available() else "grpcio"
-    paths = ["in_process", *clients]
+    paths = [BASELINE, "multi_agent", *clients]
     figures = {p: E2EFigures(p, envs_per_game) for p in paths}
     procs: list[subprocess.Popen[str]] = []
     nodes = [NodeSpec("head", "head", 0)] + [
@@ -140,12 +168,14 @@ def run(
                     url_template="127.0.0.1",
                     port=bases.get(path, bases[clients[0]]),
                     port_offset_mode="per_worker",
-                    client=path if path != "in_process" else None,
+                    client=path if path in clients else None,
                 )
                 config = build_ppo_config(
                     game, connection, num_env_runners=runners, custom_resource="ue_worker", seed=0
                 )
-                if path == "in_process":
+                if path == BASELINE:
+                    config = single_agent_config(config, env_id)
+                elif path == "multi_agent":
                     config = config.environment(
                         env=InProcessGame, env_config={"env_id": env_id}
                     ).env_runners(env_runner_cls=MultiAgentEnvRunner)
