@@ -9,6 +9,8 @@
 //!   prost from the same `protos/schola/schola_gym.proto` as the Python client;
 //!   what a space means (shapes, dtypes, Dict keys) stays in Python, which hands this
 //!   codec a flat layout once per game.
+//! - `Server`: the mock game's compiled gRPC server (`uerl mock-ue --transport native`),
+//!   on `h2` as well: no HTTP/2 of our own on either side.
 
 // Generated; the client uses only the messages of the step path and the status enum.
 #[allow(dead_code, clippy::all)]
@@ -18,7 +20,6 @@ mod schola {
 mod codec;
 mod episodes;
 mod server;
-mod server_http2;
 mod transport;
 mod vector;
 

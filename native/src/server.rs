@@ -3,23 +3,25 @@
 //! (bytes in, bytes out). An exception with `grpc_code` (int) and `grpc_message`
 //! attributes becomes that status; any other exception becomes INTERNAL.
 //!
-//! One thread per connection, requests of a connection served in order (a game steps
-//! one request at a time anyway). Plaintext only: a TLS game uses gRPC Python's server.
+//! HTTP/2 is the `h2` crate, as on the client side: one thread per connection, running
+//! a single-threaded tokio runtime; requests of a connection are served in order (a game
+//! steps one request at a time anyway). Plaintext only: a TLS game uses gRPC Python's
+//! server.
 
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue, Response};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::server_http2::{self as http2, header, Block, Connection, Incoming};
-
 const UNIMPLEMENTED: i32 = 12;
 const INTERNAL: i32 = 13;
-const STATUS_200: usize = 8;
-const NAME_CONTENT_TYPE: usize = 31;
+/// What a client may send before it waits for us: more than any request.
+const WINDOW_BYTES: u32 = 1 << 30;
 
 struct Shared {
     stopping: AtomicBool,
@@ -54,64 +56,108 @@ fn call_python(handler: &Py<PyAny>, method: &str, request: &[u8]) -> Result<Vec<
     })
 }
 
-fn reply(conn: &mut Connection, stream: u32, result: Result<Vec<u8>, (i32, String)>) -> std::io::Result<()> {
-    let head = Block::default().indexed(STATUS_200).named(NAME_CONTENT_TYPE, b"application/grpc");
-    let mut parked = Vec::new();
+/// The message inside a gRPC length-prefixed body.
+fn grpc_unframe(body: &[u8]) -> Result<&[u8], String> {
+    if body.len() < 5 {
+        return Err(format!("body of {} bytes has no gRPC message frame", body.len()));
+    }
+    if body[0] != 0 {
+        return Err("compressed message, but no compression was negotiated".into());
+    }
+    let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    if body.len() != 5 + length {
+        return Err(format!("gRPC frame says {length} bytes, carries {}", body.len() - 5));
+    }
+    Ok(&body[5..])
+}
+
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for &b in text.as_bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn grpc_response(status: Option<(i32, String)>) -> Response<()> {
+    let mut response = Response::builder()
+        .status(200)
+        .header("content-type", HeaderValue::from_static("application/grpc"))
+        .body(())
+        .expect("a valid response");
+    if let Some((code, message)) = status {
+        // Trailers-only: the status rides in the one header block.
+        let headers = response.headers_mut();
+        headers.insert("grpc-status", HeaderValue::from(code));
+        if let Ok(value) = HeaderValue::from_str(&percent_encode(&message)) {
+            headers.insert("grpc-message", value);
+        }
+    }
+    response
+}
+
+/// One call: the request's body read whole, the handler's reply (or status) sent.
+async fn serve_call(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    handler: &Py<PyAny>,
+) -> Result<(), h2::Error> {
+    let path = request.uri().path().to_string();
+    let mut body = request.into_body();
+    let mut data = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let result = match grpc_unframe(&data) {
+        Ok(message) => call_python(handler, &path, message),
+        Err(e) => Err((UNIMPLEMENTED, format!("request: {e}"))),
+    };
     match result {
         Ok(message) => {
-            let trailers = Block::default().literal(b"grpc-status", b"0");
-            conn.send(stream, &head, Some(&http2::grpc_frame(&message)), Some(&trailers), &mut parked)
+            let mut send = respond.send_response(grpc_response(None), false)?;
+            let mut framed = BytesMut::with_capacity(message.len() + 5);
+            framed.extend_from_slice(&[0]);
+            framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&message);
+            send.send_data(framed.freeze(), false)?;
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from_static("0"));
+            send.send_trailers(trailers)
         }
-        Err((code, message)) => {
-            // Trailers-only: the status rides in the one header block.
-            let head = head
-                .literal(b"grpc-status", code.to_string().as_bytes())
-                .literal(b"grpc-message", &http2::percent_encode(&message));
-            conn.send(stream, &head, None, None, &mut parked)
-        }
+        Err(status) => respond.send_response(grpc_response(Some(status)), true).map(|_| ()),
     }
 }
 
-fn serve(socket: TcpStream, handler: Py<PyAny>, shared: Arc<Shared>) -> std::io::Result<()> {
-    let mut conn = Connection::new(socket)?;
-    conn.read_preface()?;
-    conn.start()?;
-    let mut open: std::collections::HashMap<u32, (String, Vec<u8>)> = Default::default();
-    while !shared.stopping.load(Ordering::Relaxed) {
-        let (stream, end) = match conn.next()? {
-            Incoming::Headers { stream, end_stream, headers } => {
-                if let Some(entry) = open.get_mut(&stream) {
-                    let _ = entry; // request trailers: nothing in them for us
-                } else {
-                    let path = header(&headers, b":path").map(|p| String::from_utf8_lossy(p).into_owned());
-                    open.insert(stream, (path.unwrap_or_default(), Vec::new()));
-                }
-                (stream, end_stream)
-            }
-            Incoming::Data { stream, end_stream, data } => {
-                if let Some((_, body)) = open.get_mut(&stream) {
-                    body.extend_from_slice(&data);
-                }
-                (stream, end_stream)
-            }
-            Incoming::Reset { stream, .. } => {
-                open.remove(&stream);
-                continue;
-            }
-            Incoming::GoAway { .. } => return Ok(()),
-            Incoming::Control => continue,
-        };
-        if !end {
-            continue;
+fn serve(socket: TcpStream, handler: Py<PyAny>) -> std::io::Result<()> {
+    socket.set_nodelay(true)?;
+    socket.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+    runtime.block_on(async move {
+        let tcp = tokio::net::TcpStream::from_std(socket)?;
+        let mut conn = h2::server::Builder::new()
+            .initial_window_size(WINDOW_BYTES)
+            .initial_connection_window_size(WINDOW_BYTES)
+            .handshake::<_, Bytes>(tcp)
+            .await
+            .map_err(std::io::Error::other)?;
+        let handler = Arc::new(handler);
+        // Calls run as tasks beside the loop that drives the connection (their bodies
+        // arrive through it); on this one thread, in the order they came.
+        while let Some(next) = conn.accept().await {
+            let Ok((request, respond)) = next else { break };
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let _ = serve_call(request, respond, &handler).await;
+            });
         }
-        let Some((path, body)) = open.remove(&stream) else { continue };
-        let result = match http2::grpc_unframe(&body) {
-            Ok(request) => call_python(&handler, &path, request),
-            Err(e) => Err((UNIMPLEMENTED, format!("request: {e}"))),
-        };
-        reply(&mut conn, stream, result)?;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 #[pymethods]
@@ -134,11 +180,10 @@ impl Server {
                     accepting.sockets.lock().unwrap().push(clone);
                 }
                 let handler = Python::with_gil(|py| handler.clone_ref(py));
-                let shared = accepting.clone();
                 let _ = std::thread::Builder::new()
                     .name("uerl-native-conn".into())
                     .spawn(move || {
-                        let _ = serve(socket, handler, shared);
+                        let _ = serve(socket, handler);
                     });
             }
         })?;
