@@ -20,7 +20,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -184,59 +186,65 @@ def go_server(binary: Path, *flags: str, port: int = 0) -> Iterator[str]:
             proc.wait()
 
 
+@dataclass(frozen=True)
+class ServerSettings:
+    """What a real server is asked to do, in either implementation's terms."""
+
+    gzip: bool = False  # compress every reply
+    age_ms: int = 0  # GOAWAY each connection after this long
+    keepalive_ms: int = 0  # ping an idle client this often; drop it after 100 ms unanswered
+    max_streams: int = 0  # max concurrent streams per connection
+    port: int = 0
+
+    def grpcio_options(self) -> tuple[tuple[str, int], ...]:
+        options: list[tuple[str, int]] = []
+        if self.age_ms:
+            options += [
+                ("grpc.max_connection_age_ms", self.age_ms),
+                ("grpc.max_connection_age_grace_ms", 10_000),
+            ]
+        if self.keepalive_ms:
+            options += [
+                ("grpc.keepalive_time_ms", self.keepalive_ms),
+                ("grpc.keepalive_timeout_ms", 100),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.max_pings_without_data", 0),
+            ]
+        if self.max_streams:
+            options.append(("grpc.max_concurrent_streams", self.max_streams))
+        return tuple(options)
+
+    def go_flags(self) -> list[str]:
+        flags = ["-gzip"] if self.gzip else []
+        if self.age_ms:
+            flags.append(f"-max-connection-age={self.age_ms}ms")
+        if self.keepalive_ms:
+            flags.append(f"-keepalive={self.keepalive_ms}ms")
+        if self.max_streams:
+            flags.append(f"-max-streams={self.max_streams}")
+        return flags
+
+
 @pytest.fixture(params=["grpcio", "grpc-go"])
 def real_server(
     request: pytest.FixtureRequest, go_binary_lazy: Callable[[], Path]
 ) -> Callable[..., contextlib.AbstractContextManager[str]]:
-    """A factory of real servers of one implementation: `serve(gzip=..., age_ms=...,
-    keepalive_ms=..., max_streams=..., port=...)`."""
+    """A factory of real servers of one implementation: `serve(**ServerSettings fields)`."""
     if request.param == "grpcio":
 
-        def serve_grpcio(
-            gzip: bool = False,
-            age_ms: int = 0,
-            keepalive_ms: int = 0,
-            max_streams: int = 0,
-            port: int = 0,
-        ) -> contextlib.AbstractContextManager[str]:
-            options: list[tuple[str, int]] = []
-            if age_ms:
-                options += [
-                    ("grpc.max_connection_age_ms", age_ms),
-                    ("grpc.max_connection_age_grace_ms", 10_000),
-                ]
-            if keepalive_ms:
-                options += [
-                    ("grpc.keepalive_time_ms", keepalive_ms),
-                    ("grpc.keepalive_timeout_ms", 100),
-                    ("grpc.keepalive_permit_without_calls", 1),
-                    ("grpc.http2.max_pings_without_data", 0),
-                ]
-            if max_streams:
-                options.append(("grpc.max_concurrent_streams", max_streams))
-            return grpcio_server(tuple(options), gzip_replies=gzip, port=port)
+        def serve_grpcio(**settings: Any) -> contextlib.AbstractContextManager[str]:
+            wanted = ServerSettings(**settings)
+            return grpcio_server(
+                wanted.grpcio_options(), gzip_replies=wanted.gzip, port=wanted.port
+            )
 
         return serve_grpcio
 
     binary = go_binary_lazy()
 
-    def serve_go(
-        gzip: bool = False,
-        age_ms: int = 0,
-        keepalive_ms: int = 0,
-        max_streams: int = 0,
-        port: int = 0,
-    ) -> contextlib.AbstractContextManager[str]:
-        flags = []
-        if gzip:
-            flags.append("-gzip")
-        if age_ms:
-            flags.append(f"-max-connection-age={age_ms}ms")
-        if keepalive_ms:
-            flags.append(f"-keepalive={keepalive_ms}ms")
-        if max_streams:
-            flags.append(f"-max-streams={max_streams}")
-        return go_server(binary, *flags, port=port)
+    def serve_go(**settings: Any) -> contextlib.AbstractContextManager[str]:
+        wanted = ServerSettings(**settings)
+        return go_server(binary, *wanted.go_flags(), port=wanted.port)
 
     return serve_go
 
