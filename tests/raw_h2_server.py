@@ -136,6 +136,10 @@ class Peer:
             elif kind in (HEADERS, DATA) and flags & END_STREAM:
                 return stream
 
+    def first_request(self) -> int | None:
+        """The handshake, then the first request's stream id (None: the client left)."""
+        return self.await_request() if self.handshake() else None
+
     def serve_forever(self) -> None:
         """Acknowledge what a client sends until it leaves (replies nothing)."""
         while self.await_request() is not None:

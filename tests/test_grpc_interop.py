@@ -410,9 +410,7 @@ def reply_with(frames_for: Callable[[int], list[bytes | float]]) -> Callable[[Pe
     then holds the connection open."""
 
     def script(peer: Peer) -> None:
-        if not peer.handshake():
-            return
-        stream = peer.await_request()
+        stream = peer.first_request()
         if stream is None:
             return
         for item in frames_for(stream):
@@ -439,15 +437,13 @@ def ok_reply(stream: int, message: bytes, block: bytes = REPLY_HEADERS) -> list[
 
 
 def pings_forever(peer: Peer) -> None:
-    if peer.handshake() and peer.await_request() is not None:
+    if peer.first_request() is not None:
         while pause(peer, 0.01):
             peer.send(frame(PING, 0, 0, b"12345678"))
 
 
 def trickle(peer: Peer) -> None:
-    if not peer.handshake():
-        return
-    stream = peer.await_request()
+    stream = peer.first_request()
     if stream is None:
         return
     for byte in b"".join(ok_reply(stream, grpc_message(b"x" * 100))):  # type: ignore[arg-type]
@@ -457,9 +453,7 @@ def trickle(peer: Peer) -> None:
 
 
 def continuation_flood(peer: Peer) -> None:
-    if not peer.handshake():
-        return
-    stream = peer.await_request()
+    stream = peer.first_request()
     if stream is None:
         return
     peer.send(frame(HEADERS, 0, stream, REPLY_HEADERS))  # no END_HEADERS: more to come
@@ -566,9 +560,7 @@ def goaway_first(served: list[int]) -> Callable[[Peer], None]:
     closes; later ones answer."""
 
     def script(peer: Peer) -> None:
-        if not peer.handshake():
-            return
-        stream = peer.await_request()
+        stream = peer.first_request()
         if stream is None:
             return
         served.append(stream)
