@@ -20,17 +20,14 @@ import threading
 import time
 from collections import Counter
 
-import pytest
+from native_required import require_compiled_client
 from raw_h2_server import PREFACE, Peer, RawServer
 from test_grpc_interop import grpcio_server
 
 from training.clients import native
 from training.protocol.transport import CallError
 
-if not native.available():
-    pytest.skip(
-        "the compiled client is not built (test_grpc_interop.py says why)", allow_module_level=True
-    )
+require_compiled_client()
 
 SECONDS = float(os.environ.get("UERL_FUZZ_SECONDS", "20"))
 DEADLINE_S = 0.3

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 import pytest
+from native_required import require_compiled_client
 from raw_h2_server import (
     CONTINUATION,
     DATA,
@@ -51,10 +52,7 @@ from training.clients import native
 from training.clients.grpcio_transport import GrpcioTransport
 from training.protocol.transport import CallError, Transport
 
-if not native.available():
-    if shutil.which("cargo"):
-        pytest.fail("cargo is here but the compiled client is not built: run `make setup`")
-    pytest.skip("no Rust toolchain: the compiled client is not built", allow_module_level=True)
+require_compiled_client()
 
 ROOT = Path(__file__).resolve().parent.parent
 GO_SERVER = Path(__file__).parent / "interop" / "grpc_go_server"

@@ -8,16 +8,15 @@ which replies are rejected and where.
 from __future__ import annotations
 
 import random
-import shutil
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from native_required import require_compiled_client
 from test_decode_fuzz import STEP, _captured_replies, mutant
 
-from training.clients import native
 from training.clients.native import NativeStepCodec
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.protocol._generated import schola_gym_pb2 as pb
@@ -28,10 +27,7 @@ from training.rllib.vector_env import UEVectorEnv
 
 MockFactory = Callable[..., MockUEServer]
 
-if not native.available():
-    if shutil.which("cargo"):
-        pytest.fail("cargo is here but the compiled client is not built: run `make setup`")
-    pytest.skip("no Rust toolchain: the compiled client is not built", allow_module_level=True)
+require_compiled_client()
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -124,6 +124,13 @@ fn h2_failure(err: &h2::Error) -> Attempt {
     }
 }
 
+/// A failure before the request was queued on the connection: it never left this process.
+fn never_sent(err: &h2::Error) -> Attempt {
+    match h2_failure(err) {
+        Attempt::Refused(failure) | Attempt::Failed(failure) => Attempt::Refused(failure),
+    }
+}
+
 fn grpc_timeout(timeout: Duration) -> HeaderValue {
     let ms = timeout.as_millis().max(1);
     let text = if ms < 100_000_000 { format!("{ms}m") } else { format!("{}S", timeout.as_secs().min(99_999_999)) };
@@ -295,9 +302,7 @@ struct Call<'a> {
 }
 
 async fn attempt(conn: &Conn, call: &Call<'_>) -> Result<Vec<u8>, Attempt> {
-    let mut send = conn.send.clone().ready().await.map_err(|e| match h2_failure(&e) {
-        Attempt::Refused(f) | Attempt::Failed(f) => Attempt::Refused(f),
-    })?;
+    let mut send = conn.send.clone().ready().await.map_err(|e| never_sent(&e))?;
     let request = Request::builder()
         .method(Method::POST)
         .uri(call.uri.clone())
@@ -308,9 +313,7 @@ async fn attempt(conn: &Conn, call: &Call<'_>) -> Result<Vec<u8>, Attempt> {
         .body(())
         .expect("a valid request");
     // Not sent yet if this fails: the connection closed before the stream opened.
-    let (response, mut stream) = send.send_request(request, false).map_err(|e| match h2_failure(&e) {
-        Attempt::Refused(f) | Attempt::Failed(f) => Attempt::Refused(f),
-    })?;
+    let (response, mut stream) = send.send_request(request, false).map_err(|e| never_sent(&e))?;
     stream.send_data(call.body.clone(), true).map_err(|e| h2_failure(&e))?;
     let response = response.await.map_err(|e| h2_failure(&e))?;
     let (head, mut body) = response.into_parts();
