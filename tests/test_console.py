@@ -203,7 +203,7 @@ def test_an_env_runner_that_cannot_start_shows_its_error_on_the_console(
     # The runner's own error, as its actor printed it: which game did not answer.
     endpoint = f"127.0.0.1:{closed_port}"
     assert any(
-        "(UEEnvRunner pid=" in line and endpoint in line and "UEConnectionError" in line
+        "EnvRunner pid=" in line and endpoint in line and "UEConnectionError" in line
         for line in console.splitlines()
     ), console
 

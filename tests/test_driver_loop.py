@@ -30,7 +30,7 @@ class FakeAlgorithm:
         self.trained: list[int] = []
         self.saved: list[int] = []
         self.on_train = on_train
-        self.config = SimpleNamespace(normalize_actions=True, clip_actions=False)
+        self.config = SimpleNamespace(normalize_actions=True, clip_actions=False, env_config={})
         self.env_runner_group = SimpleNamespace(foreach_env_runner=lambda *a, **k: [])
 
     def restore_from_path(self, path: str) -> None:

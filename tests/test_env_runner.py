@@ -1,4 +1,5 @@
-"""UEEnvRunner: each env runner builds its env from env_config, against its own game."""
+"""uerl's env runners (multi-agent `UEEnvRunner`, single-agent `UESingleAgentEnvRunner`):
+each builds its env from env_config, against its own game, and survives it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.policies.configurations import PolicyMapping
 from training.probe.discovery import discover
 from training.rllib.algorithm import build_ppo_config
-from training.rllib.env_runner import GameChangedError, UEConnection, UEEnvRunner
+from training.rllib.env_runner import GameChangedError, UEConnection, UEEnvRunner, UEGameRunner
+from training.rllib.single_agent import UESingleAgentEnvRunner
 
 MockFactory = Callable[..., MockUEServer]
 
@@ -23,10 +25,38 @@ def _runner(
     connection: UEConnection,
     worker_index: int,
     num_env_runners: int = 2,
-) -> UEEnvRunner:
+    env_runner: str = "auto",
+) -> UEGameRunner:
+    """The runner `build_ppo_config` chooses for the game (or `env_runner`'s)."""
     game = discover(servers[0].address, timeout_s=5)
-    config = build_ppo_config(game, connection, num_env_runners=num_env_runners)
-    return UEEnvRunner(config=config, worker_index=worker_index)
+    config = build_ppo_config(
+        game, connection, num_env_runners=num_env_runners, env_runner=env_runner
+    )
+    return config.env_runner_cls(config=config, worker_index=worker_index)
+
+
+def test_a_one_agent_game_samples_on_the_single_agent_runner(mock_ue: MockFactory) -> None:
+    server = mock_ue("CartPole-v1")
+    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
+    runner = _runner([server], connection, worker_index=1)
+    try:
+        assert isinstance(runner, UESingleAgentEnvRunner)
+        assert runner.policy_id == "cartpole"
+    finally:
+        runner.stop()
+
+
+def test_a_one_agent_game_can_still_sample_on_the_multi_agent_runner(
+    mock_ue: MockFactory,
+) -> None:
+    server = mock_ue("CartPole-v1")
+    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
+    runner = _runner([server], connection, worker_index=1, env_runner="multi_agent")
+    try:
+        assert type(runner) is UEEnvRunner
+        assert {aid for ep in runner.sample(num_timesteps=4) for aid in ep.agent_ids} == {"agent_0"}
+    finally:
+        runner.stop()
 
 
 @pytest.mark.parametrize(
@@ -143,14 +173,15 @@ class _NoSharedHealth:
         return False
 
 
+@pytest.mark.parametrize("env_runner", ["single_agent", "multi_agent"])
 def test_episodes_a_game_fault_cuts_are_dropped_never_counted_as_finished(
-    mock_ue: MockFactory,
+    mock_ue: MockFactory, env_runner: str
 ) -> None:
     server = mock_ue("CartPole-v1")
     connection = UEConnection(
         url_template="127.0.0.1", port=server.port, startup_timeout_s=5, request_timeout_s=2
     )
-    runner = _runner([server], connection, worker_index=1, num_env_runners=1)
+    runner = _runner([server], connection, worker_index=1, num_env_runners=1, env_runner=env_runner)
     runner._shared_health = _NoSharedHealth()  # type: ignore[assignment]
     try:
         # 5 steps of a CartPole episode (random actions last 8+ steps): cut in the middle.
@@ -169,7 +200,7 @@ def test_episodes_a_game_fault_cuts_are_dropped_never_counted_as_finished(
         # The cut episode is not continued on the new session; every one after it
         # starts from the new session's reset.
         assert cut.id_ not in {ep.id_ for ep in after}
-        assert all(ep.env_t_started == 0 for ep in after)
+        assert all(_started_at(ep) == 0 for ep in after)
         # RLlib's finished-episode count and mean length are those episodes' alone.
         metrics = runner.get_metrics()
         assert metrics[NUM_EPISODES_LIFETIME].peek() == len(finished)
@@ -177,6 +208,11 @@ def test_episodes_a_game_fault_cuts_are_dropped_never_counted_as_finished(
         assert metrics[EPISODE_LEN_MEAN].peek() == pytest.approx(sum(lengths) / len(lengths))
     finally:
         runner.stop()
+
+
+def _started_at(episode: Any) -> int:
+    """The env step an episode (chunk) starts at, single-agent or multi-agent."""
+    return episode.t_started if hasattr(episode, "t_started") else episode.env_t_started
 
 
 def test_policy_mapping_is_picklable_and_names_unknown_agents() -> None:

@@ -12,14 +12,17 @@ from infra.endpoints import Endpoints
 from infra.topology import Topology
 from training.local.local_endpoints import local_endpoints
 from training.probe.preflight import NodeRoom, PreflightError, check_resources
-from training.rllib.env_runner import EvaluationRunnerRefused, UEEnvRunner
+from training.rllib.env_runner import (
+    EvaluationRunnerRefused,
+    UEEnvRunner,
+    multi_agent_episode_summary,
+)
 from training.run.evaluation import (
     EvalError,
     EvalReport,
     check_fingerprints,
     check_policies,
     collect,
-    episode_summary,
     policy_stats,
     weights_fingerprint,
 )
@@ -121,7 +124,7 @@ def test_a_policys_episode_return_sums_its_agents_and_length_is_the_longest() ->
         },
         {"cart_0": "cart", "cart_1": "cart", "pendulum_0": "pendulum"},
     )
-    assert episode_summary(episode) == {"cart": (22.0, 12), "pendulum": (-400.0, 200)}
+    assert multi_agent_episode_summary(episode) == {"cart": (22.0, 12), "pendulum": (-400.0, 200)}
 
 
 def test_policy_stats_are_mean_std_min_max_and_mean_length() -> None:

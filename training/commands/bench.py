@@ -311,12 +311,12 @@ def _print_e2e(figures: list[Any]) -> None:
     def ratio(path: str, value: float, base_value: float) -> str:
         return "" if path == BASELINE else f"({value / base_value:.2f}x)"
 
+    width = max((len(E2E_LABELS[f.path]) for f in figures), default=0)
     for f in figures:
         base = baseline[f.envs_per_game]
-
         rss = "n/a" if f.runner_rss_mb is None else f"{f.runner_rss_mb:,.0f} MiB"
         print(
-            f"PPO         {E2E_LABELS[f.path]} x{f.envs_per_game:<2} per game: iterations "
+            f"PPO         {E2E_LABELS[f.path]:<{width}} x{f.envs_per_game:<2} per game: iterations "
             f"{f.iteration_steps_per_s:>7,.0f} env-steps/s "
             f"{ratio(f.path, f.iteration_steps_per_s, base.iteration_steps_per_s):8}  sampling "
             f"{f.sample_steps_per_s:>7,.0f} env-steps/s "
@@ -327,7 +327,8 @@ def _print_e2e(figures: list[Any]) -> None:
 
 E2E_LABELS = {
     "rllib": "RLlib single-agent",
-    "multi_agent": "RLlib multi-agent ",
+    "multi_agent": "RLlib multi-agent",
     "python": "uerl python client",
     "native": "uerl native client",
+    "native_multi_agent": "uerl native client, multi-agent runner",
 }

@@ -7,7 +7,11 @@ hyperparameters), four places for the environments:
   multi_agent  the scenario as a one-agent MultiAgentEnv in RLlib's MultiAgentEnvRunner
                (the env runner class uerl's runner builds on);
   python       mock games (one per env runner) reached with the gRPC Python client;
-  native       the same, with the compiled client.
+  native       the same, with the compiled client (one-agent games sample on RLlib's
+               single-agent runner, as `uerl local` does);
+  native_multi_agent
+               the same on RLlib's multi-agent runner (`--env-runner multi_agent`, the
+               path of games with more agents, and of every game before uerl had both).
 All train on one local cluster of raylets, as `uerl local` runs them (head without CPUs,
 worker nodes advertising `ue_worker`), one iteration each per round, so all see the same
 machine load. Per path: env steps per second of whole iterations (what a user sees in
@@ -105,6 +109,7 @@ def _games(
 
 
 BASELINE = "rllib"
+MULTI_AGENT_RUNNER = "native_multi_agent"
 
 
 def single_agent_config(uerl_config: Any, env_id: str) -> Any:
@@ -143,7 +148,11 @@ def run(
     from training.rllib.env_runner import UEConnection
 
     server = "native" if native.available() else "grpcio"
-    paths = [BASELINE, "multi_agent", *clients]
+    # uerl's paths: which client each uses, on which env runner.
+    uerl = {client: (client, "auto") for client in clients}
+    if "native" in clients:
+        uerl[MULTI_AGENT_RUNNER] = ("native", "multi_agent")
+    paths = [BASELINE, "multi_agent", *uerl]
     figures = {p: E2EFigures(p, envs_per_game) for p in paths}
     procs: list[subprocess.Popen[str]] = []
     nodes = [NodeSpec("head", "head", 0)] + [
@@ -154,24 +163,31 @@ def run(
         with ExitStack() as stack:
             cluster = stack.enter_context(LocalRayCluster(nodes))
             bases = {}
-            for client in clients:  # each client gets games of its own: a game serves one session
-                games, bases[client] = _games(env_id, envs_per_game, runners, server)
+            for path in uerl:  # each path gets games of its own: a game serves one session
+                games, bases[path] = _games(env_id, envs_per_game, runners, server)
                 procs += games
-            with GymClient(f"127.0.0.1:{bases[clients[0]] + 1}") as probe:
+            first = next(iter(uerl))
+            with GymClient(f"127.0.0.1:{bases[first] + 1}") as probe:
                 probe.connect()
                 game = game_spec_from_definition(probe.training_definition(), "bench")
             ray.init(address=cluster.address, _node_ip_address=NODE_IP, log_to_driver=False)
             stack.callback(ray.shutdown)
             algos = {}
             for path in paths:
+                client, env_runner = uerl.get(path, (None, "multi_agent"))
                 connection = UEConnection(
                     url_template="127.0.0.1",
-                    port=bases.get(path, bases[clients[0]]),
+                    port=bases.get(path, bases[first]),
                     port_offset_mode="per_worker",
-                    client=path if path in clients else None,
+                    client=client,
                 )
                 config = build_ppo_config(
-                    game, connection, num_env_runners=runners, custom_resource="ue_worker", seed=0
+                    game,
+                    connection,
+                    num_env_runners=runners,
+                    custom_resource="ue_worker",
+                    seed=0,
+                    env_runner=env_runner,
                 )
                 if path == BASELINE:
                     config = single_agent_config(config, env_id)

@@ -54,6 +54,15 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         "PPO, at most one learner). Also `policies:` in --hparams YAML; --resume keeps the "
         "checkpoint's",
     )
+    group.add_argument(
+        "--env-runner",
+        choices=hp.ENV_RUNNERS,
+        default="auto",
+        help="RLlib's runner and episodes: auto (the default) samples games with one agent "
+        "per environment on RLlib's single-agent path, faster, and the others on its "
+        "multi-agent one; multi_agent also for one-agent games (e.g. a game that leaves its "
+        "agent out of some steps). --resume keeps the checkpoint's",
+    )
     league = parser.add_argument_group("self-play (--policies self_play)")
     league.add_argument(
         "--snapshot-every",
@@ -186,6 +195,7 @@ def options_from_args(
         resume=args.resume,
         hparams=merged_hparams(args),
         policies=policies_from_args(args),
+        env_runner=args.env_runner,
         self_play=SelfPlaySettings(
             **{
                 key: value

@@ -32,8 +32,8 @@ TEMP_ROOT = "/tmp"
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 
 NodeRole = Literal["head", "learner", "worker"]
-# The process title Ray gives an env runner actor's worker process.
-ACTOR_TITLE = "ray::UEEnvRunner"
+# Ray titles an actor process `ray::<class>`: uerl's multi- and single-agent env runners.
+ACTOR_TITLES = ("ray::UEEnvRunner", "ray::UESingleAgentEnvRunner")
 
 
 # Set for every node, and for this process by `start()`: it is the cluster's driver,
@@ -237,7 +237,9 @@ class LocalRayCluster(processes.StartedGroup):
         busy = set()
         for node in self._nodes:
             if node.spec.role == "worker" and any(
-                processes.title_contains(pid, ACTOR_TITLE) for pid in processes.tree(node.proc.pid)
+                processes.title_contains(pid, title)
+                for pid in processes.tree(node.proc.pid)
+                for title in ACTOR_TITLES
             ):
                 busy.add(node.spec.name)
         return busy

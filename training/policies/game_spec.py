@@ -50,6 +50,11 @@ class GameSpec(GameDefinition):
         """Agent id -> policy id."""
         return policy_mapping(self.agents, self.policies)
 
+    def single_agent_policy(self) -> str | None:
+        """The one policy of a game with one agent per environment, which can train on
+        RLlib's single-agent path; None for games with more agents."""
+        return self.policy_ids()[0] if len(self.agents) == 1 else None
+
     def policy_spaces(self) -> dict[str, tuple[gym.Space, gym.Space]]:
         """Policy id -> (observation space, action space); agents sharing a policy agree."""
         out: dict[str, tuple[gym.Space, gym.Space]] = {}

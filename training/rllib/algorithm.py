@@ -1,7 +1,9 @@
 """The RLlib algorithm config: endpoints + discovered game + hyperparameters.
 
-`build_ppo_config` wires the env runners (one `UEEnvRunner` per game, each
-routed to its own game) and one policy per agent type. `build_algo_config`
+`build_ppo_config` wires the env runners (one per game, each routed to its own game)
+and the policies of the game's configuration (one per agent type by default). A game
+with one agent per environment trains on RLlib's single-agent runner and episodes
+(`training.rllib.single_agent`), faster; other games on the multi-agent ones. `build_algo_config`
 adds what the topology decides (env-runner CPUs, X learners with their
 CPUs/GPUs) and the algorithm choice: APPO and IMPALA reuse the same env runner,
 everything but PPO's own training settings is carried over.
@@ -9,7 +11,7 @@ everything but PPO's own training settings is carried over.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import gymnasium as gym
 
@@ -25,6 +27,7 @@ from training.rllib.env_runner import (
     UEConnection,
     UEEnvRunner,
 )
+from training.rllib.single_agent import SINGLE_AGENT_POLICY_KEY, UESingleAgentEnvRunner
 
 if TYPE_CHECKING:
     from ray.rllib.algorithms.ppo import PPOConfig
@@ -34,6 +37,37 @@ RUNNER_PROBE_TIMEOUT_S = 10.0
 
 # `config.env` is only a label: UEEnvRunner builds its env from env_config["ue"].
 ENV_LABEL = "uerl-ue-game"
+
+EnvRunnerPath = Literal["single_agent", "multi_agent"]
+EnvRunnerChoice = hp.EnvRunnerChoice
+
+
+def env_runner_path(game: GameSpec, choice: EnvRunnerChoice = "auto") -> EnvRunnerPath:
+    """The path `choice` means for `game`; a clear error when it cannot take it."""
+    if choice == "multi_agent":
+        return "multi_agent"
+    if game.single_agent_policy() is not None:
+        return "single_agent"
+    if choice == "single_agent":
+        raise PolicyConfigurationError(
+            f"--env-runner single_agent takes games with one agent per environment; this "
+            f"game has agents {sorted(game.agents)}: use --env-runner multi_agent or auto"
+        )
+    return "multi_agent"
+
+
+def path_of(config: Any) -> EnvRunnerPath:
+    """The path an algorithm config samples with (a checkpoint records it)."""
+    return "single_agent" if SINGLE_AGENT_POLICY_KEY in config.env_config else "multi_agent"
+
+
+def policy_names(config: Any) -> dict[str, str]:
+    """RLlib module id -> the game's policy id, where they differ: the single-agent path's
+    `default_policy` is the game's one policy."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    policy_id = config.env_config.get(SINGLE_AGENT_POLICY_KEY)
+    return {DEFAULT_MODULE_ID: policy_id} if policy_id else {}
 
 
 def build_ppo_config(
@@ -48,10 +82,67 @@ def build_ppo_config(
     num_epochs: int = 10,
     seed: int | None = None,
     self_play: SelfPlaySettings | None = None,
+    env_runner: EnvRunnerChoice = "auto",
 ) -> PPOConfig:
-    """PPO over `num_env_runners` games (one `UEEnvRunner` each), with the policies of the
+    """PPO over `num_env_runners` games (one env runner each), with the policies of the
     game spec's policy configuration (one per agent type by default)."""
     from ray.rllib.algorithms.ppo import PPOConfig
+
+    config = (
+        PPOConfig()
+        .api_stack(
+            enable_rl_module_and_learner=True,
+            enable_env_runner_and_connector_v2=True,
+        )
+        .environment(
+            env=ENV_LABEL,
+            env_config={ENV_CONFIG_KEY: connection.model_dump()},
+            # The checker would call reset/step on sub-env views; the game is checked by
+            # UEVectorEnv's own validation instead.
+            disable_env_checking=True,
+        )
+        .env_runners(
+            num_env_runners=num_env_runners,
+            # One runner steps all environments of its game in one RPC.
+            num_envs_per_env_runner=game.num_envs,
+            custom_resources_per_env_runner=({custom_resource: 1} if custom_resource else {}),
+        )
+        .learners(num_learners=num_learners)
+        .training(
+            train_batch_size_per_learner=train_batch_size,
+            minibatch_size=minibatch_size,
+            num_epochs=num_epochs,
+        )
+    )
+    if env_runner_path(game, env_runner) == "single_agent":
+        config = _single_agent(config, game)
+    else:
+        config = _multi_agent(config, game, self_play)
+    if seed is not None:
+        config = config.debugging(seed=seed)
+    return config
+
+
+def _single_agent(config: PPOConfig, game: GameSpec) -> PPOConfig:
+    """A game with one agent per environment: RLlib's single-agent runner, episodes and
+    module. The module is RLlib's `default_policy`; env_config names the game's policy
+    it stands for."""
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    ((obs, act),) = game.policy_spaces().values()
+    env_config = {**config.env_config, SINGLE_AGENT_POLICY_KEY: game.single_agent_policy()}
+    return (
+        config.environment(env_config=env_config, observation_space=obs, action_space=act)
+        .env_runners(env_runner_cls=UESingleAgentEnvRunner)
+        # Spaces come from discovery, so the driver and learners need no game.
+        .rl_module(rl_module_spec=RLModuleSpec(observation_space=obs, action_space=act))
+    )
+
+
+def _multi_agent(
+    config: PPOConfig, game: GameSpec, self_play: SelfPlaySettings | None
+) -> PPOConfig:
+    """RLlib's multi-agent runner, episodes and modules, one per policy."""
     from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
@@ -67,17 +158,7 @@ def build_ppo_config(
         policies = set(policy_spaces)
         mapping = SelfPlayMapping(tuple(sorted(game.agents)), (), settings.p_current)
     config = (
-        PPOConfig()
-        .api_stack(
-            enable_rl_module_and_learner=True,
-            enable_env_runner_and_connector_v2=True,
-        )
-        .environment(
-            env=ENV_LABEL,
-            env_config={ENV_CONFIG_KEY: connection.model_dump()},
-            # The checker would call reset/step on sub-env views; the game is checked by
-            # UEVectorEnv's own validation instead.
-            disable_env_checking=True,
+        config.environment(
             # Agent-keyed spaces let a runner without a game (the local one) build its
             # connectors; remote runners report the same spaces from their games.
             observation_space=gym.spaces.Dict(
@@ -87,13 +168,7 @@ def build_ppo_config(
                 {aid: spec.action_space for aid, spec in sorted(game.agents.items())}
             ),
         )
-        .env_runners(
-            env_runner_cls=UEEnvRunner,
-            num_env_runners=num_env_runners,
-            # One runner steps all environments of its game in one RPC.
-            num_envs_per_env_runner=game.num_envs,
-            custom_resources_per_env_runner=({custom_resource: 1} if custom_resource else {}),
-        )
+        .env_runners(env_runner_cls=UEEnvRunner)
         .multi_agent(
             policies=policies,
             policy_mapping_fn=mapping,
@@ -109,19 +184,11 @@ def build_ppo_config(
                 }
             )
         )
-        .learners(num_learners=num_learners)
-        .training(
-            train_batch_size_per_learner=train_batch_size,
-            minibatch_size=minibatch_size,
-            num_epochs=num_epochs,
-        )
     )
     if game.policies == "self_play":
         config = config.callbacks(SelfPlayOutcomes)
     if game.policies == "ctde":
         config = _centralised_critic(config, game)
-    if seed is not None:
-        config = config.debugging(seed=seed)
     return config
 
 
@@ -202,6 +269,7 @@ def build_algo_config(
     fault_wait_s: float = 2.0,
     give_up_after_s: float = 300.0,
     self_play: SelfPlaySettings | None = None,
+    env_runner: EnvRunnerChoice = "auto",
 ) -> Any:
     """The AlgorithmConfig (PPO, APPO or IMPALA) to `build_algo()`."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
@@ -233,6 +301,7 @@ def build_algo_config(
         num_learners=endpoints.num_learners,
         seed=seed,
         self_play=self_play,
+        env_runner=env_runner,
     )
     config = _switch_algo(config, algo)
     config = (

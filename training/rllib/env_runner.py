@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,6 +39,7 @@ from training.rllib.runner_registry import RunnerRegistry
 from training.rllib.shared_health import SharedGameHealth
 
 if TYPE_CHECKING:
+    from training.rllib.vector_env import UEVectorEnv
     from training.tls.config import TLSConfig
 
 log = logging.getLogger(__name__)
@@ -105,13 +107,24 @@ class GameChangedError(UEProtocolError):
     """After a reconnect the game defines other environments, agents or spaces."""
 
 
-class UEEnvRunner(MultiAgentEnvRunner):
-    """A `MultiAgentEnvRunner` whose env is a `UEVectorEnv` over this runner's game.
+class UEGameRunner:
+    """What every uerl env runner does with its game, whichever RLlib runner it extends
+    (`UEEnvRunner`: multi-agent; `training.rllib.single_agent`: one-agent games).
 
     The game decides the number of environments: one runner steps all environments
     of its game with one RPC, so set `num_envs_per_env_runner` to the game's count
     (`build_ppo_config` does) to keep rollout fragment sizing right.
     """
+
+    # Set by RLlib's EnvRunner classes, which come after this one in the MRO.
+    config: Any
+    env: Any
+    num_envs: int
+    worker_index: int | None
+    metrics: Any
+    module: Any
+    _callbacks: Any
+    _needs_initial_reset: bool
 
     def __init__(self, config: Any, **kwargs: Any) -> None:
         if getattr(config, "in_evaluation", False):
@@ -297,7 +310,11 @@ class UEEnvRunner(MultiAgentEnvRunner):
                 "spaces than before; restart training for a different build",
             )
         self._game_signature = signature
-        self.env = env
+        try:
+            self.env = self._env_view(env)
+        except BaseException:
+            env.close()
+            raise
         self.num_envs = env.num_envs
         if self.num_envs != self.config.num_envs_per_env_runner:
             log.warning(
@@ -365,6 +382,52 @@ class UEEnvRunner(MultiAgentEnvRunner):
             self._note_recovery()
             log.info("game at %s answers again; sampling", self.game_health_state().endpoint)
             return True
+
+    # ------------------------------------------------------------------ per RLlib runner
+
+    def _env_view(self, game: UEVectorEnv) -> Any:
+        """The env RLlib's runner steps, over the game's `UEVectorEnv`."""
+        raise NotImplementedError
+
+    def policy_states(self) -> dict[str, Any]:
+        """Inference weights by the game's policy ids (`uerl eval` checks them)."""
+        raise NotImplementedError
+
+    def set_policy_states(self, states: Mapping[str, Any]) -> None:
+        """Load weights given by the game's policy ids (`uerl eval`)."""
+        raise NotImplementedError
+
+    def episode_summary(self, episode: Any) -> dict[str, tuple[float, int]]:
+        """Per policy in one finished episode: (return, length)."""
+        raise NotImplementedError
+
+
+class UEEnvRunner(UEGameRunner, MultiAgentEnvRunner):
+    """RLlib's `MultiAgentEnvRunner` on this runner's game (a `UEVectorEnv`)."""
+
+    def _env_view(self, game: UEVectorEnv) -> UEVectorEnv:
+        return game
+
+    def policy_states(self) -> dict[str, Any]:
+        return dict(self.module.get_state(inference_only=True))
+
+    def set_policy_states(self, states: Mapping[str, Any]) -> None:
+        self.module.set_state(dict(states))
+
+    def episode_summary(self, episode: Any) -> dict[str, tuple[float, int]]:
+        return multi_agent_episode_summary(episode)
+
+
+def multi_agent_episode_summary(episode: Any) -> dict[str, tuple[float, int]]:
+    """Per policy in one finished multi-agent episode: (return, length). A policy's return
+    is the sum over its agents (RLlib's per-module return); its length the longest of its
+    agents' (agents of one episode may finish early)."""
+    out: dict[str, tuple[float, int]] = {}
+    for aid, agent_episode in episode.agent_episodes.items():
+        pid = episode.module_for(aid)
+        ret, length = out.get(pid, (0.0, 0))
+        out[pid] = (ret + float(agent_episode.get_return()), max(length, len(agent_episode)))
+    return out
 
 
 def _registry() -> RunnerRegistry | None:

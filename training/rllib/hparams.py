@@ -15,6 +15,10 @@ import yaml
 
 Algo = Literal["PPO", "APPO", "IMPALA"]
 ALGOS: tuple[Algo, ...] = ("PPO", "APPO", "IMPALA")
+# Which RLlib runner and episodes a run samples with (`training.rllib.algorithm`); auto:
+# single-agent for games with one agent per environment, multi-agent for the others.
+EnvRunnerChoice = Literal["auto", "single_agent", "multi_agent"]
+ENV_RUNNERS: tuple[EnvRunnerChoice, ...] = ("auto", "single_agent", "multi_agent")
 MODEL_KEYS = frozenset({"fcnet_hiddens", "fcnet_activation"})
 
 # Small, fast-learning settings for a 2-core machine; RLlib's own defaults

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
     from training.policies.game_spec import GameSpec
@@ -44,6 +44,10 @@ class CheckpointMeta:
     # Defaults are RLlib's, which checkpoints written before these fields used.
     normalize_actions: bool = True
     clip_actions: bool = False
+    # The RLlib runner and episodes the run sampled with (`training.rllib.algorithm`);
+    # checkpoints written before this field were all multi-agent. A single-agent
+    # checkpoint's one module is RLlib's `default_policy`, the game's one policy.
+    env_runner: Literal["single_agent", "multi_agent"] = "multi_agent"
 
 
 def save(
@@ -125,16 +129,30 @@ def read_league(path: Path) -> League | None:
 
 
 def load_modules(path: Path) -> Any:
-    """The checkpoint's MultiRLModule (one RLModule per policy), on CPU."""
+    """The checkpoint's MultiRLModule (one RLModule per policy, by the game's policy ids),
+    on CPU."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.core.rl_module.rl_module import RLModule
 
-    modules = path / MODULES_SUBDIR
-    if not modules.is_dir():
+    modules_dir = path / MODULES_SUBDIR
+    if not modules_dir.is_dir():
         raise CheckpointError(
             f"{path} holds no trained modules ({MODULES_SUBDIR} is missing): "
             "pass a checkpoint written by uerl train / uerl local"
         )
-    return RLModule.from_checkpoint(str(modules.resolve()))
+    modules = RLModule.from_checkpoint(str(modules_dir.resolve()))
+    if read_meta(path).env_runner == "single_agent" and DEFAULT_MODULE_ID in modules:
+        game = read_game(path)
+        policy_id = game.single_agent_policy() if game is not None else None
+        if policy_id is None:
+            raise CheckpointError(
+                f"{path} was trained on the single-agent path but its {GAME} names no "
+                "one-agent game: it cannot say which policy its module is"
+            )
+        module = modules[DEFAULT_MODULE_ID]
+        modules.remove_module(DEFAULT_MODULE_ID)
+        modules.add_module(policy_id, module)
+    return modules
 
 
 def resolve_checkpoint(given: Path, *, flag: str = "--checkpoint") -> Path:

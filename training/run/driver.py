@@ -24,7 +24,7 @@ from training.policies.self_play import League, SelfPlaySettings
 from training.rescale.endpoints_watch import EndpointsWatch
 from training.rescale.rescaler import Rescaler
 from training.rllib.console import RayConsole
-from training.rllib.hparams import Algo
+from training.rllib.hparams import Algo, EnvRunnerChoice
 from training.run import checkpoints, metrics
 from training.run.league import LeagueDriver
 from training.run.runner_health import RunnerHealthBoard
@@ -80,6 +80,9 @@ class TrainOptions(BaseModel):
     policies: PolicyConfiguration | None = None
     # --policies self_play: snapshots every K iterations, window W, chance P of the current.
     self_play: SelfPlaySettings = Field(default_factory=SelfPlaySettings)
+    # RLlib's single-agent or multi-agent runner and episodes; auto: single-agent for
+    # games with one agent per environment. --resume keeps the checkpoint's.
+    env_runner: EnvRunnerChoice = "auto"
     # Re-read between iterations: games and env runners follow its num_env_runners
     # (a rescale while training). None: the run keeps the games it started with.
     endpoints_file: Path | None = None
@@ -181,6 +184,7 @@ def _run_training(
             fault_wait_s=options.fault_wait_s,
             give_up_after_s=options.game_down_limit_s,
             self_play=_league_settings(options),
+            env_runner=_env_runner(options),
         )
         log(
             f"building {options.algo}: {endpoints.num_env_runners} env runner(s) "
@@ -232,6 +236,21 @@ def _policies(options: TrainOptions) -> PolicyConfiguration:
                 f"--policies {options.policies}; resume without --policies, or start a new run"
             )
     return options.policies or trained or DEFAULT_POLICIES
+
+
+def _env_runner(options: TrainOptions) -> EnvRunnerChoice:
+    """The run's env runner path: asked for, else the resumed checkpoint's (its modules are
+    named for that path), else auto."""
+    if options.resume is None:
+        return options.env_runner
+    path = checkpoints.resolve(options.resume, options.checkpoint_dir)
+    trained = checkpoints.read_meta(path).env_runner
+    if options.env_runner not in ("auto", trained):
+        raise checkpoints.CheckpointError(
+            f"--resume {path}: it was trained with --env-runner {trained}, this run asks "
+            f"--env-runner {options.env_runner}; resume without --env-runner, or start a new run"
+        )
+    return trained
 
 
 def _league_settings(options: TrainOptions) -> SelfPlaySettings:
@@ -343,7 +362,9 @@ def _loop(
         league = LeagueDriver(algo, resumed or League(options.self_play), log)
         league.start(rows[-1].iteration if rows else 0)
     stop.graceful = True
-    tensorboard = TensorBoardWriter(options.run_dir)
+    from training.rllib.algorithm import policy_names
+
+    tensorboard = TensorBoardWriter(options.run_dir, policy_names(algo.config))
     pause = _Pause(options.game_down_limit_s, log)
     try:
         while not _done(options, rows) and not stop.requested:
@@ -424,12 +445,15 @@ def _save(
     game: GameSpec | None,
     league: LeagueDriver | None = None,
 ) -> Path:
+    from training.rllib.algorithm import path_of
+
     meta = checkpoints.CheckpointMeta(
         row.iteration,
         row.env_steps_total,
         options.algo,
         normalize_actions=bool(algo.config.normalize_actions),
         clip_actions=bool(algo.config.clip_actions),
+        env_runner=path_of(algo.config),
     )
     return checkpoints.save(
         algo, options.checkpoint_dir, meta, game=game, league=league.league if league else None

@@ -148,27 +148,13 @@ def policy_stats(samples: list[tuple[float, int]]) -> PolicyStats:
     )
 
 
-def episode_summary(episode: Any) -> dict[str, tuple[float, int]]:
-    """Per policy in one finished multi-agent episode: (return, length).
-
-    A policy's return is the sum over its agents (RLlib's per-module return); its
-    length the longest of its agents' (agents of one episode may finish early).
-    """
-    out: dict[str, tuple[float, int]] = {}
-    for aid, agent_episode in episode.agent_episodes.items():
-        pid = episode.module_for(aid)
-        ret, length = out.get(pid, (0.0, 0))
-        out[pid] = (ret + float(agent_episode.get_return()), max(length, len(agent_episode)))
-    return out
-
-
 def sample_summaries(runner: Any, *, num_episodes: int, explore: bool) -> dict[str, Any]:
     """Runs on an env runner: finished episodes, summarised (episodes stay on the runner)."""
     episodes = runner.sample(num_episodes=num_episodes, explore=explore)
     return {
         "runner_index": runner.worker_index,
         "endpoint": runner.game_health_state().endpoint,
-        "episodes": [episode_summary(e) for e in episodes if e.is_done],
+        "episodes": [runner.episode_summary(e) for e in episodes if e.is_done],
     }
 
 
@@ -204,8 +190,8 @@ def check_fingerprints(want: dict[str, str], got: list[dict[str, str]]) -> None:
 def set_module_state(runner: Any, *, state: dict[str, Any]) -> dict[str, str]:
     """Runs on an env runner: load the checkpoint's weights into its modules; returns
     the fingerprint of what the runner now holds."""
-    runner.module.set_state(state)
-    return weights_fingerprint(runner.module.get_state(inference_only=True))
+    runner.set_policy_states(state)
+    return weights_fingerprint(runner.policy_states())
 
 
 def check_policies(game_policies: list[str], checkpoint_policies: list[str], path: Path) -> None:
@@ -298,6 +284,8 @@ def _run_eval(
             request_timeout_s=options.request_timeout_s,
             fault_wait_s=options.fault_wait_s,
             self_play=league.settings if league is not None else None,
+            # Its modules are named for the path it trained on.
+            env_runner=meta.env_runner,
         )
         if opponent is not None:
             config = with_opponent(

@@ -8,7 +8,7 @@ same curves.
 Tags:
 - `uerl/*`: what the progress line shows (return, episode length, env and learner
   throughput, runners healthy/total/unknown);
-- `policy/<policy>/episode_return_mean`: per policy (multi-agent games);
+- `policy/<policy>/episode_return_mean`: per policy;
 - `learner/<policy>/<stat>`: every scalar RLlib's learner reports per module
   (losses, entropy, KL, gradient norm, learning rate, ...);
 - `runner/<index>/healthy` (1 or 0) and `runner/<index>/down_for_s`: each env runner's game,
@@ -46,9 +46,15 @@ def _scalars(node: Any, prefix: str) -> dict[str, float]:
 
 
 def scalars_for(
-    row: IterationRow, result: dict[str, Any], runners: dict[int, dict[str, Any]]
+    row: IterationRow,
+    result: dict[str, Any],
+    runners: dict[int, dict[str, Any]],
+    policy_names: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """Every scalar of one iteration, by tag (NaNs left out: no point is better than 0)."""
+    """Every scalar of one iteration, by tag (NaNs left out: no point is better than 0).
+    `policy_names`: RLlib module id -> the game's policy id where they differ (RLlib's
+    single-agent `default_policy`)."""
+    names = policy_names or {}
     out = {
         "uerl/episode_return_mean": row.episode_return_mean,
         "uerl/episode_len_mean": row.episode_len_mean,
@@ -63,15 +69,20 @@ def scalars_for(
         out["uerl/runners_total"] = float(row.runners_total)
         out["uerl/runners_unknown"] = float(row.runners_unknown)
     env_runners = result.get("env_runners", {}) or {}
-    per_policy = env_runners.get("module_episode_returns_mean", {}) or {}
+    # RLlib's multi-agent runner says "returns", its single-agent one "return".
+    per_policy = (
+        env_runners.get("module_episode_returns_mean")
+        or env_runners.get("module_episode_return_mean")
+        or {}
+    )
     for pid, value in _scalars(per_policy, "").items():
-        out[f"policy/{pid}/episode_return_mean"] = value
+        out[f"policy/{names.get(pid, pid)}/episode_return_mean"] = value
     learners = result.get("learners", {}) or {}
     for pid, stats in learners.items():
         if pid == ALL_MODULES:
             continue
         for key, value in _scalars(stats, "").items():
-            out[f"learner/{pid}/{key}"] = value
+            out[f"learner/{names.get(pid, pid)}/{key}"] = value
     for index, report in sorted(runners.items()):
         out[f"runner/{index}/healthy"] = 1.0 if report.get("healthy") else 0.0
         out[f"runner/{index}/down_for_s"] = float(report.get("down_for_s") or 0.0)
@@ -81,9 +92,10 @@ def scalars_for(
 class TensorBoardWriter:
     """One event file per run (segment) in `run_dir`; `close()` flushes it."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, policy_names: dict[str, str] | None = None) -> None:
         from tensorboardX import SummaryWriter
 
+        self._policy_names = policy_names or {}
         run_dir.mkdir(parents=True, exist_ok=True)
         # flush_secs bounds the delay for anything written between iterations.
         self._writer = SummaryWriter(logdir=str(run_dir), flush_secs=10)
@@ -95,7 +107,7 @@ class TensorBoardWriter:
         runners: dict[int, dict[str, Any]] | None = None,
     ) -> None:
         step = row.env_steps_total
-        for tag, value in scalars_for(row, result, runners or {}).items():
+        for tag, value in scalars_for(row, result, runners or {}, self._policy_names).items():
             self._writer.add_scalar(tag, value, global_step=step)
         self._writer.flush()  # visible to a running TensorBoard at once
 
