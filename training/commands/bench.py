@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--e2e-iterations",
         type=non_negative_int,
-        default=3,
-        help="end to end: timed PPO iterations per path (default 3; 0 skips end to end)",
+        default=5,
+        help="end to end: timed PPO iterations per path (default 5; 0 skips end to end)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
