@@ -68,3 +68,19 @@ def test_end_to_end_ppo_reports_each_path_against_rllibs_single_agent_ppo(
         assert sampling > 0 and iterations > 0 and "MiB" in line, line
     # Every path but the baseline says what fraction of it, for both rates.
     assert all(len(re.findall(r"\(\d+\.\d\dx\)", line)) == 2 for line in lines[1:]), lines
+
+
+def test_bench_runner_prints_each_runner_against_rllibs_in_process_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from training.commands import bench_runner
+
+    assert bench_runner.main(["--steps", "200", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"mock game: \d+ us of CPU per step of 1 environment\(s\)", out[0]), out
+    runners = [line for line in out if line.startswith("runner")]
+    assert [line.split(" x1:")[0].removeprefix("runner").strip() for line in runners] == list(
+        bench_runner.LABELS.values()
+    ), runners
+    # Every path but the in-process one says how much longer its step takes.
+    assert all(re.search(r"us/step  \(\d+\.\d\dx the time\)$", line) for line in runners[1:])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 from ray.rllib.utils.metrics import EPISODE_LEN_MEAN, NUM_EPISODES_LIFETIME
@@ -42,6 +43,26 @@ def test_a_one_agent_game_samples_on_the_single_agent_runner(mock_ue: MockFactor
     try:
         assert isinstance(runner, UESingleAgentEnvRunner)
         assert runner.policy_id == "cartpole"
+    finally:
+        runner.stop()
+
+
+def test_the_single_agent_runner_names_its_weights_and_episodes_after_the_games_policy(
+    mock_ue: MockFactory,
+) -> None:
+    server = mock_ue("CartPole-v1")
+    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
+    runner = _runner([server], connection, worker_index=1)
+    try:
+        (episode,) = runner.sample(num_episodes=1, random_actions=True)
+        assert runner.episode_summary(episode) == {
+            "cartpole": (float(episode.get_return()), len(episode))
+        }
+        states = runner.policy_states()
+        assert list(states) == ["cartpole"]
+        zeroed = {name: np.zeros_like(value) for name, value in states["cartpole"].items()}
+        runner.set_policy_states({"cartpole": zeroed})
+        assert all(not np.any(value) for value in runner.policy_states()["cartpole"].values())
     finally:
         runner.stop()
 

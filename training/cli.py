@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "discover": ("training.commands.discover", "print a game's agents and spaces"),
     "mock-ue": ("training.commands.mock_ue", "serve Schola's GymService for gymnasium envs"),
     "bench": ("training.commands.bench", "benchmark gRPC stepping against in-process stepping"),
+    "bench-runner": (
+        "training.commands.bench_runner",
+        "one env runner's time per step: in-process, behind a round trip, on a game",
+    ),
     "bench-faults": ("training.commands.bench_faults", "measure what a game fault costs training"),
     "bench-policies": (
         "training.commands.bench_policies",
