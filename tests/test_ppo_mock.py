@@ -1,4 +1,5 @@
-"""PPO (RLlib new API stack) trains against two mock games through UEEnvRunner."""
+"""PPO (RLlib new API stack) trains against two mock games through uerl's env runners
+(the single-agent one for CartPole, the multi-agent one for TwoTeams)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from training.local.ray_cluster import NODE_IP, LocalRayCluster, node_specs
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.probe.discovery import discover
-from training.rllib.algorithm import build_ppo_config
+from training.rllib.algorithm import build_ppo_config, policy_names
 from training.rllib.env_runner import UEConnection
 
 
@@ -61,12 +62,16 @@ def test_ppo_trains_two_iterations_against_two_mock_games(
         algo.stop()
     sampled = [r["env_runners"]["num_env_steps_sampled"] for r in results]
     assert all(n >= 512 for n in sampled)
+    # RLlib's module ids, by the game's policy ids (the single-agent path's module is
+    # RLlib's `default_policy`).
+    names = {policy: module for module, policy in policy_names(config).items()}
+    modules = [names.get(policy, policy) for policy in game.policy_ids()]
     learned = results[-1]["learners"]
-    assert set(game.policy_ids()) <= set(learned)
-    for policy in game.policy_ids():
+    assert set(modules) <= set(learned)
+    for module in modules:
         # Lifetime: in the multi-agent game a policy may sit out one iteration (its agents
         # all done while the pendulum runs on), but each must have been trained.
-        assert learned[policy]["num_module_steps_trained_lifetime"] > 0
+        assert learned[module]["num_module_steps_trained_lifetime"] > 0
     stats = [s.stats for s in servers]
     # Each game served exactly its own env runner (the first also served discovery).
     assert [s.sessions_opened for s in stats] == [2, 1]
