@@ -60,8 +60,8 @@ def test_end_to_end_ppo_reports_each_path_against_rllibs_single_agent_ppo(
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PPO")]
     labels = [line.removeprefix("PPO").split(" x")[0].strip() for line in lines]
     assert labels == [
-        "RLlib single-agent", "RLlib multi-agent", "uerl python client", "uerl native client",
-        "uerl native client, multi-agent runner",
+        "RLlib single-agent", "RLlib multi-agent", "RLlib single-agent, env behind a round trip",
+        "uerl python client", "uerl native client", "uerl native client, multi-agent runner",
     ], lines  # fmt: skip
     for line in lines:
         iterations, sampling = (float(x.replace(",", "")) for x in STEPS.findall(line))

@@ -237,11 +237,13 @@ def _runner_node_ips(cp: ControlPlane) -> list[str]:
     head = head_pod(cp)
     actors = json.loads(exec_in(
         cp, NAMESPACE, head, "ray", "list", "actors", "--format", "json", "--limit", "1000",
-        "--filter", "class_name=UEEnvRunner", "--filter", "state=ALIVE",
+        "--filter", "state=ALIVE",
     ))  # fmt: skip
     nodes = json.loads(exec_in(cp, NAMESPACE, head, "ray", "list", "nodes", "--format", "json"))
     ip_of = {n["node_id"]: n["node_ip"] for n in nodes}
-    return sorted(ip_of[a["node_id"]] for a in actors)
+    # uerl's runners: the single-agent one for one-agent games, the multi-agent one else.
+    runners = ("UESingleAgentEnvRunner", "UEEnvRunner")
+    return sorted(ip_of[a["node_id"]] for a in actors if a["class_name"] in runners)
 
 
 def _after_last_rescale_runners(log: str, marker: str, want: tuple[int, int]) -> bool:

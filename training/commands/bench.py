@@ -328,6 +328,7 @@ def _print_e2e(figures: list[Any]) -> None:
 E2E_LABELS = {
     "rllib": "RLlib single-agent",
     "multi_agent": "RLlib multi-agent",
+    "rllib_trip": "RLlib single-agent, env behind a round trip",
     "python": "uerl python client",
     "native": "uerl native client",
     "native_multi_agent": "uerl native client, multi-agent runner",

@@ -4,8 +4,10 @@ One PPO config (uerl's `build_ppo_config`: same runners, environments per runner
 hyperparameters), four places for the environments:
   rllib        what a user compares with: RLlib's own single-agent PPO on the gymnasium
                environment (`SingleAgentEnvRunner`), the baseline of every ratio;
-  multi_agent  the scenario as a one-agent MultiAgentEnv in RLlib's MultiAgentEnvRunner
-               (the env runner class uerl's runner builds on);
+  multi_agent  the scenario as a one-agent MultiAgentEnv in RLlib's MultiAgentEnvRunner;
+  rllib_trip   the baseline with each env step behind a blocking round trip to a process
+               that works as long as a mock game's step costs (`round_trip`): the floor
+               for any environment in another process, whatever its client;
   python       mock games (one per env runner) reached with the gRPC Python client;
   native       the same, with the compiled client (one-agent games sample on RLlib's
                single-agent runner, as `uerl local` does);
@@ -110,6 +112,28 @@ def _games(
 
 BASELINE = "rllib"
 MULTI_AGENT_RUNNER = "native_multi_agent"
+ROUND_TRIP = "rllib_trip"
+ROUND_TRIP_ENV = "uerl-bench-round-trip"
+
+
+def game_cpu_per_step(endpoint: str, pid: int, steps: int = 500) -> float:
+    """CPU seconds a mock game spends per vector step (random actions, one session)."""
+    import psutil
+
+    from training.rllib.single_agent import UESingleAgentVectorEnv
+    from training.rllib.vector_env import UEVectorEnv
+
+    env = UESingleAgentVectorEnv(UEVectorEnv(endpoint))
+    try:
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        actions = [env.action_space.sample() for _ in range(steps)]
+        before = sum(psutil.Process(pid).cpu_times()[:2])
+        for action in actions:
+            env.step(action)
+        return (sum(psutil.Process(pid).cpu_times()[:2]) - before) / steps
+    finally:
+        env.close()
 
 
 def single_agent_config(uerl_config: Any, env_id: str) -> Any:
@@ -139,9 +163,11 @@ def run(
 ) -> list[E2EFigures]:
     import ray
     from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+    from ray.tune.registry import register_env
 
     from training.clients import native
     from training.clients.game_client import GymClient
+    from training.commands.round_trip import round_trip_env
     from training.local.ray_cluster import NODE_IP, LocalRayCluster, NodeSpec
     from training.policies.game_spec import game_spec_from_definition
     from training.rllib.algorithm import build_ppo_config
@@ -152,7 +178,7 @@ def run(
     uerl = {client: (client, "auto") for client in clients}
     if "native" in clients:
         uerl[MULTI_AGENT_RUNNER] = ("native", "multi_agent")
-    paths = [BASELINE, "multi_agent", *uerl]
+    paths = [BASELINE, "multi_agent", ROUND_TRIP, *uerl]
     figures = {p: E2EFigures(p, envs_per_game) for p in paths}
     procs: list[subprocess.Popen[str]] = []
     nodes = [NodeSpec("head", "head", 0)] + [
@@ -170,8 +196,12 @@ def run(
             with GymClient(f"127.0.0.1:{bases[first] + 1}") as probe:
                 probe.connect()
                 game = game_spec_from_definition(probe.training_definition(), "bench")
+            # The round trip's worker works as long as a game's step costs (games of the
+            # first uerl path: their procs come first).
+            work_s = game_cpu_per_step(f"127.0.0.1:{bases[first] + 1}", procs[0].pid)
             ray.init(address=cluster.address, _node_ip_address=NODE_IP, log_to_driver=False)
             stack.callback(ray.shutdown)
+            register_env(ROUND_TRIP_ENV, round_trip_env)  # in the cluster: runners find it
             algos = {}
             for path in paths:
                 client, env_runner = uerl.get(path, (None, "multi_agent"))
@@ -191,6 +221,11 @@ def run(
                 )
                 if path == BASELINE:
                     config = single_agent_config(config, env_id)
+                elif path == ROUND_TRIP:
+                    config = single_agent_config(config, env_id)
+                    config.env_runners(gym_env_vectorize_mode="vector_entry_point")
+                    config.environment(env=ROUND_TRIP_ENV)
+                    config.env_config = {"env_id": env_id, "work_s": work_s}
                 elif path == "multi_agent":
                     config = config.environment(
                         env=InProcessGame, env_config={"env_id": env_id}

@@ -16,17 +16,14 @@ median time per vector step is printed, and each path against `rllib`.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import socket
 import statistics
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
-
 from training.commands.arg_types import positive_int
+from training.commands.round_trip import RoundTrip
 
 LABELS = {
     "rllib": "RLlib single-agent runner, env in-process",
@@ -44,30 +41,6 @@ class RunnerFigures:
     @property
     def us_per_step(self) -> float:
         return statistics.median(self.seconds_per_step) * 1e6
-
-
-def _worker(sock: socket.socket, ours: socket.socket, work_s: float) -> None:
-    """The other process: answer each byte after `work_s` of CPU (a game's step), until
-    the bench closes its end."""
-    ours.close()  # the fork's copy: else the bench closing its end would not end this loop
-    while sock.recv(1):
-        start = time.perf_counter()
-        while time.perf_counter() - start < work_s:
-            pass
-        sock.send(b"x")
-
-
-class RoundTrip(gym.vector.VectorWrapper):
-    """Each step first waits for a blocking round trip to the worker process."""
-
-    def __init__(self, env: gym.vector.VectorEnv, sock: socket.socket) -> None:
-        super().__init__(env)
-        self.sock = sock
-
-    def step(self, actions: Any) -> Any:
-        self.sock.send(b"x")
-        self.sock.recv(1)
-        return self.env.step(actions)
 
 
 def _game_cpu_s(pid: int) -> float:
@@ -122,15 +95,7 @@ def run(env_id: str, envs: int, steps: int, rounds: int) -> tuple[list[RunnerFig
         before = _game_cpu_s(games[0].pid)
         runners["uerl"].sample(num_timesteps=steps)
         game_cpu = (_game_cpu_s(games[0].pid) - before) / (steps / envs)
-        ours, theirs = socket.socketpair()
-        worker = multiprocessing.get_context("fork").Process(
-            target=_worker, args=(theirs, ours, game_cpu), daemon=True
-        )
-        worker.start()
-        theirs.close()
-        stack.callback(worker.join, 5)
-        stack.callback(ours.close)
-        runners["rllib+trip"].env = RoundTrip(runners["rllib+trip"].env, ours)
+        runners["rllib+trip"].env = RoundTrip(runners["rllib+trip"].env, game_cpu)
         figures = {path: RunnerFigures(path) for path in LABELS}
         for _ in range(rounds):
             for path in LABELS:
