@@ -3,7 +3,8 @@ each builds its env from env_config, against its own game, and survives it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -36,24 +37,28 @@ def _runner(
     return config.env_runner_cls(config=config, worker_index=worker_index)
 
 
-def test_a_one_agent_game_samples_on_the_single_agent_runner(mock_ue: MockFactory) -> None:
+@contextmanager
+def cartpole_runner(mock_ue: MockFactory, env_runner: str = "auto") -> Iterator[Any]:
+    """Runner 1 on a one-agent (CartPole) mock game; stopped afterwards."""
     server = mock_ue("CartPole-v1")
     connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
-    runner = _runner([server], connection, worker_index=1)
+    runner = _runner([server], connection, worker_index=1, env_runner=env_runner)
     try:
-        assert isinstance(runner, UESingleAgentEnvRunner)
-        assert runner.policy_id == "cartpole"
+        yield runner
     finally:
         runner.stop()
+
+
+def test_a_one_agent_game_samples_on_the_single_agent_runner(mock_ue: MockFactory) -> None:
+    with cartpole_runner(mock_ue) as runner:
+        assert isinstance(runner, UESingleAgentEnvRunner)
+        assert runner.policy_id == "cartpole"
 
 
 def test_the_single_agent_runner_names_its_weights_and_episodes_after_the_games_policy(
     mock_ue: MockFactory,
 ) -> None:
-    server = mock_ue("CartPole-v1")
-    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
-    runner = _runner([server], connection, worker_index=1)
-    try:
+    with cartpole_runner(mock_ue) as runner:
         (episode,) = runner.sample(num_episodes=1, random_actions=True)
         assert runner.episode_summary(episode) == {
             "cartpole": (float(episode.get_return()), len(episode))
@@ -63,21 +68,14 @@ def test_the_single_agent_runner_names_its_weights_and_episodes_after_the_games_
         zeroed = {name: np.zeros_like(value) for name, value in states["cartpole"].items()}
         runner.set_policy_states({"cartpole": zeroed})
         assert all(not np.any(value) for value in runner.policy_states()["cartpole"].values())
-    finally:
-        runner.stop()
 
 
 def test_a_one_agent_game_can_still_sample_on_the_multi_agent_runner(
     mock_ue: MockFactory,
 ) -> None:
-    server = mock_ue("CartPole-v1")
-    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
-    runner = _runner([server], connection, worker_index=1, env_runner="multi_agent")
-    try:
+    with cartpole_runner(mock_ue, "multi_agent") as runner:
         assert type(runner) is UEEnvRunner
         assert {aid for ep in runner.sample(num_timesteps=4) for aid in ep.agent_ids} == {"agent_0"}
-    finally:
-        runner.stop()
 
 
 @pytest.mark.parametrize(

@@ -118,8 +118,7 @@ ROUND_TRIP_ENV = "uerl-bench-round-trip"
 
 def game_cpu_per_step(endpoint: str, pid: int, steps: int = 500) -> float:
     """CPU seconds a mock game spends per vector step (random actions, one session)."""
-    import psutil
-
+    from training.commands.bench_runner import game_cpu_s
     from training.rllib.single_agent import UESingleAgentVectorEnv
     from training.rllib.vector_env import UEVectorEnv
 
@@ -128,10 +127,10 @@ def game_cpu_per_step(endpoint: str, pid: int, steps: int = 500) -> float:
         env.reset(seed=0)
         env.action_space.seed(0)
         actions = [env.action_space.sample() for _ in range(steps)]
-        before = sum(psutil.Process(pid).cpu_times()[:2])
+        before = game_cpu_s(pid)
         for action in actions:
             env.step(action)
-        return (sum(psutil.Process(pid).cpu_times()[:2]) - before) / steps
+        return (game_cpu_s(pid) - before) / steps
     finally:
         env.close()
 

@@ -43,11 +43,13 @@ class RunnerFigures:
         return statistics.median(self.seconds_per_step) * 1e6
 
 
-def _game_cpu_s(pid: int) -> float:
-    import psutil
+def game_cpu_s(pid: int) -> float:
+    from training.commands.bench import process_cpu_s
 
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
+    cpu = process_cpu_s(pid)
+    if cpu is None:
+        raise RuntimeError(f"mock game (pid {pid}) exited during the bench")
+    return cpu
 
 
 def run(env_id: str, envs: int, steps: int, rounds: int) -> tuple[list[RunnerFigures], float]:
@@ -92,9 +94,9 @@ def run(env_id: str, envs: int, steps: int, rounds: int) -> tuple[list[RunnerFig
             runner.sample(num_timesteps=steps // 4)  # warm-up: connectors, first episodes
         # The game's CPU per step, from the uerl path's sampling; the round trip's worker
         # then works as long.
-        before = _game_cpu_s(games[0].pid)
+        before = game_cpu_s(games[0].pid)
         runners["uerl"].sample(num_timesteps=steps)
-        game_cpu = (_game_cpu_s(games[0].pid) - before) / (steps / envs)
+        game_cpu = (game_cpu_s(games[0].pid) - before) / (steps / envs)
         runners["rllib+trip"].env = RoundTrip(runners["rllib+trip"].env, game_cpu)
         figures = {path: RunnerFigures(path) for path in LABELS}
         for _ in range(rounds):

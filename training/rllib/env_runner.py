@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -384,22 +385,27 @@ class UEGameRunner:
             return True
 
     # ------------------------------------------------------------------ per RLlib runner
+    # Abstract: RLlib's env runner classes are ABCs, so a runner missing one cannot be built.
 
+    @abstractmethod
     def _env_view(self, game: UEVectorEnv) -> Any:
         """The env RLlib's runner steps, over the game's `UEVectorEnv`."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def policy_states(self) -> dict[str, Any]:
         """Inference weights by the game's policy ids (`uerl eval` checks them)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def set_policy_states(self, states: Mapping[str, Any]) -> None:
         """Load weights given by the game's policy ids (`uerl eval`)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def episode_summary(self, episode: Any) -> dict[str, tuple[float, int]]:
         """Per policy in one finished episode: (return, length)."""
-        raise NotImplementedError
+        ...
 
 
 class UEEnvRunner(UEGameRunner, MultiAgentEnvRunner):
