@@ -22,14 +22,19 @@ def game_process() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """A child of this process whose command line is a mock game's on port 45123
     (what the bench looks for in `uerl local`'s process tree)."""
     port = 45123
+    script = "import time; print('up', flush=True); time.sleep(60)"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "mock-ue", "--port", str(port)]
+        [sys.executable, "-c", script, "mock-ue", "--port", str(port)], stdout=subprocess.PIPE
     )
+    # Popen returns once exec began, before the kernel has set the new command line
+    # (/proc/PID/cmdline reads empty for a moment); a line from the child means it is set.
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
     try:
         yield proc, port
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        proc.stdout.close()
 
 
 def _progress(iterations: int, port: int) -> list[str]:
