@@ -145,6 +145,32 @@ def test_process_stops_cleanly_on_sigterm_and_writes_stats(tmp_path: Path) -> No
     }
 
 
+def test_compiled_server_exits_zero_on_sigterm_with_a_client_still_connected() -> None:
+    # Its connection threads hold Python thread states: none may outlive the interpreter.
+    from native_required import require_compiled_client
+
+    require_compiled_client()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.cli", "mock-ue", "--port", "0", "--transport", "native"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        address = line.split(" on ", 1)[1].split()[0]
+        with GymClient(address, startup_timeout_s=10, transport="native") as client:
+            client.connect()
+            client.reset({0: 0})
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=15) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_mock_needs_neither_ray_nor_torch(tmp_path: Path) -> None:
     # The mock-ue image installs only grpc, protobuf, gymnasium, numpy and pydantic.
     script = tmp_path / "run.py"

@@ -10,8 +10,9 @@
 
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response};
@@ -22,10 +23,15 @@ const UNIMPLEMENTED: i32 = 12;
 const INTERNAL: i32 = 13;
 /// What a client may send before it waits for us: more than any request.
 const WINDOW_BYTES: u32 = 1 << 30;
+/// How long `stop()` waits for connection threads to let go of Python.
+const STOP_WAIT: Duration = Duration::from_secs(5);
 
 struct Shared {
     stopping: AtomicBool,
     sockets: Mutex<Vec<TcpStream>>,
+    /// Connection threads still running, and a signal when one ends.
+    live: Mutex<usize>,
+    ended: Condvar,
 }
 
 #[pyclass(module = "uerl_native")]
@@ -168,7 +174,12 @@ impl Server {
         let listener = TcpListener::bind((host, port))
             .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("cannot bind {host}:{port}: {e}")))?;
         let port = listener.local_addr()?.port();
-        let shared = Arc::new(Shared { stopping: AtomicBool::new(false), sockets: Mutex::new(Vec::new()) });
+        let shared = Arc::new(Shared {
+            stopping: AtomicBool::new(false),
+            sockets: Mutex::new(Vec::new()),
+            live: Mutex::new(0),
+            ended: Condvar::new(),
+        });
         let accepting = shared.clone();
         let acceptor = std::thread::Builder::new().name("uerl-native-accept".into()).spawn(move || {
             for socket in listener.incoming() {
@@ -180,11 +191,26 @@ impl Server {
                     accepting.sockets.lock().unwrap().push(clone);
                 }
                 let handler = Python::with_gil(|py| handler.clone_ref(py));
-                let _ = std::thread::Builder::new()
+                *accepting.live.lock().unwrap() += 1;
+                let connection = accepting.clone();
+                let started = std::thread::Builder::new()
                     .name("uerl-native-conn".into())
                     .spawn(move || {
-                        let _ = serve(socket, handler);
+                        // The thread keeps one Python thread state for its life: without
+                        // it every call's `with_gil` would make and free one (and its
+                        // frame stack: an mmap and a munmap per call). `stop()` waits for
+                        // it to end, so none is left holding one when Python exits.
+                        Python::with_gil(|py| {
+                            py.allow_threads(|| {
+                                let _ = serve(socket, handler);
+                            })
+                        });
+                        *connection.live.lock().unwrap() -= 1;
+                        connection.ended.notify_all();
                     });
+                if started.is_err() {
+                    *accepting.live.lock().unwrap() -= 1;
+                }
             }
         })?;
         Ok(Self { shared, port, host: host.to_string(), acceptor: Some(acceptor) })
@@ -195,7 +221,8 @@ impl Server {
         self.port
     }
 
-    /// Stop accepting, close every connection, wait for the acceptor to end.
+    /// Stop accepting, close every connection, wait for the acceptor and (up to 5 s) the
+    /// connection threads to end.
     fn stop(&mut self, py: Python<'_>) {
         self.shared.stopping.store(true, Ordering::Relaxed);
         for socket in self.shared.sockets.lock().unwrap().drain(..) {
@@ -204,10 +231,15 @@ impl Server {
         // Wake the blocking accept with a connection of our own.
         let host = if self.host == "0.0.0.0" { "127.0.0.1" } else { self.host.as_str() };
         let _ = TcpStream::connect((host, self.port));
-        if let Some(acceptor) = self.acceptor.take() {
-            py.allow_threads(|| {
+        let shared = self.shared.clone();
+        let acceptor = self.acceptor.take();
+        py.allow_threads(move || {
+            if let Some(acceptor) = acceptor {
                 let _ = acceptor.join();
-            });
-        }
+            }
+            // Their sockets are shut: each ends once its current call (if any) returns.
+            let live = shared.live.lock().unwrap();
+            let _ = shared.ended.wait_timeout_while(live, STOP_WAIT, |live| *live > 0);
+        });
     }
 }
