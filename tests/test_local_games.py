@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -197,3 +198,28 @@ def test_a_grow_that_fails_stops_the_games_it_started_and_the_next_are_numbered_
         assert [g.name for g in games.add_worker_games(1)] == ["ue-2"]
         assert games.worker_count() == 2
     assert processes.alive(started | games.pids()) == set()
+
+
+def test_a_port_held_by_a_listener_is_not_free() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        assert not processes.port_is_free(listener.getsockname()[1], "127.0.0.1")
+
+
+def test_a_port_left_only_with_closing_connections_is_free() -> None:
+    # A stopped game closes its clients' connections first: its port keeps them in
+    # TIME_WAIT for a minute, yet a new game binds it at once (servers use SO_REUSEADDR).
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    listener.close()
+    served.close()  # the server's side closes first: it ends in TIME_WAIT
+    assert client.recv(1) == b""
+    client.close()
+    time.sleep(0.1)
+    assert processes.port_is_free(port, "127.0.0.1")

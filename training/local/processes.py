@@ -157,7 +157,11 @@ def free_port() -> int:
 
 
 def port_is_free(port: int, host: str = "") -> bool:
+    """Whether a server could listen on `port` now. Servers (gRPC's, uerl's compiled one,
+    Ray's) bind with SO_REUSEADDR, so a port whose only sockets are closing connections
+    (TIME_WAIT, for a minute after a stopped game closed them) is free to them."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
