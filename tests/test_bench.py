@@ -84,3 +84,23 @@ def test_bench_runner_prints_each_runner_against_rllibs_in_process_one(
     ), runners
     # Every path but the in-process one says how much longer its step takes.
     assert all(re.search(r"us/step  \(\d+\.\d\dx the time\)$", line) for line in runners[1:])
+
+
+def test_the_sampling_clock_times_each_of_ppos_sampling_calls_and_puts_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    from ray.rllib.algorithms.ppo import ppo
+
+    from training.commands.bench_e2e import SamplingClock
+
+    def slow_sample(*_args: object, **_kwargs: object) -> str:
+        time.sleep(0.05)
+        return "episodes"
+
+    monkeypatch.setattr(ppo, "synchronous_parallel_sample", slow_sample)
+    with SamplingClock() as clock:
+        assert ppo.synchronous_parallel_sample(worker_set=None) == "episodes"
+        assert 0.05 <= clock.last_s < 1.0
+    assert ppo.synchronous_parallel_sample is slow_sample

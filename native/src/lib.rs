@@ -10,7 +10,8 @@
 //!   what a space means (shapes, dtypes, Dict keys) stays in Python, which hands this
 //!   codec a flat layout once per game.
 //! - `Server`: the mock game's compiled gRPC server (`uerl mock-ue --transport native`),
-//!   on `h2` as well: no HTTP/2 of our own on either side.
+//!   on `h2` as well: no HTTP/2 of our own on either side. Bound to a loopback address,
+//!   it is also reachable over a Unix socket the client prefers (`local_socket`).
 
 // Generated; the client uses only the messages of the step path and the status enum.
 #[allow(dead_code, clippy::all)]
@@ -19,6 +20,7 @@ mod schola {
 }
 mod codec;
 mod episodes;
+mod local_socket;
 mod server;
 mod transport;
 mod vector;

@@ -6,9 +6,11 @@
 //! HTTP/2 is the `h2` crate, as on the client side: one thread per connection, running
 //! a single-threaded tokio runtime; requests of a connection are served in order (a game
 //! steps one request at a time anyway). Plaintext only: a TLS game uses gRPC Python's
-//! server.
+//! server. Bound to a loopback address it also listens on that address's Unix socket
+//! (`local_socket`), which the compiled client prefers.
 
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -26,9 +28,31 @@ const WINDOW_BYTES: u32 = 1 << 30;
 /// How long `stop()` waits for connection threads to let go of Python.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
+/// An accepted connection, either way in.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> std::io::Result<Self> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
 struct Shared {
     stopping: AtomicBool,
-    sockets: Mutex<Vec<TcpStream>>,
+    sockets: Mutex<Vec<Stream>>,
     /// Connection threads still running, and a signal when one ends.
     live: Mutex<usize>,
     ended: Condvar,
@@ -39,7 +63,9 @@ pub struct Server {
     shared: Arc<Shared>,
     port: u16,
     host: String,
-    acceptor: Option<JoinHandle<()>>,
+    /// The Unix socket's abstract name, when bound (a loopback host).
+    local_name: Option<String>,
+    acceptors: Vec<JoinHandle<()>>,
 }
 
 fn call_python(handler: &Py<PyAny>, method: &str, request: &[u8]) -> Result<Vec<u8>, (i32, String)> {
@@ -140,80 +166,118 @@ async fn serve_call(
     }
 }
 
-fn serve(socket: TcpStream, handler: Py<PyAny>) -> std::io::Result<()> {
-    socket.set_nodelay(true)?;
-    socket.set_nonblocking(true)?;
+fn serve(socket: Stream, handler: Py<PyAny>) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
     runtime.block_on(async move {
-        let tcp = tokio::net::TcpStream::from_std(socket)?;
-        let mut conn = h2::server::Builder::new()
-            .initial_window_size(WINDOW_BYTES)
-            .initial_connection_window_size(WINDOW_BYTES)
-            .handshake::<_, Bytes>(tcp)
-            .await
-            .map_err(std::io::Error::other)?;
-        let handler = Arc::new(handler);
-        // Calls run as tasks beside the loop that drives the connection (their bodies
-        // arrive through it); on this one thread, in the order they came.
-        while let Some(next) = conn.accept().await {
-            let Ok((request, respond)) = next else { break };
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let _ = serve_call(request, respond, &handler).await;
-            });
+        match socket {
+            Stream::Tcp(socket) => {
+                socket.set_nodelay(true)?;
+                socket.set_nonblocking(true)?;
+                serve_h2(tokio::net::TcpStream::from_std(socket)?, handler).await
+            }
+            Stream::Unix(socket) => {
+                socket.set_nonblocking(true)?;
+                serve_h2(tokio::net::UnixStream::from_std(socket)?, handler).await
+            }
         }
-        Ok(())
     })
+}
+
+async fn serve_h2<T>(io: T, handler: Py<PyAny>) -> std::io::Result<()>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let mut conn = h2::server::Builder::new()
+        .initial_window_size(WINDOW_BYTES)
+        .initial_connection_window_size(WINDOW_BYTES)
+        .handshake::<_, Bytes>(io)
+        .await
+        .map_err(std::io::Error::other)?;
+    let handler = Arc::new(handler);
+    // Calls run as tasks beside the loop that drives the connection (their bodies
+    // arrive through it); on this one thread, in the order they came.
+    while let Some(next) = conn.accept().await {
+        let Ok((request, respond)) = next else { break };
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let _ = serve_call(request, respond, &handler).await;
+        });
+    }
+    Ok(())
+}
+
+/// Serve each connection `incoming` yields on a thread of its own, until `stop()`.
+fn accept_loop(shared: Arc<Shared>, handler: Py<PyAny>, incoming: impl Iterator<Item = std::io::Result<Stream>>) {
+    for socket in incoming {
+        if shared.stopping.load(Ordering::Relaxed) {
+            break;
+        }
+        let Ok(socket) = socket else { continue };
+        if let Ok(clone) = socket.try_clone() {
+            shared.sockets.lock().unwrap().push(clone);
+        }
+        let handler = Python::with_gil(|py| handler.clone_ref(py));
+        *shared.live.lock().unwrap() += 1;
+        let connection = shared.clone();
+        let started = std::thread::Builder::new().name("uerl-native-conn".into()).spawn(move || {
+            // The thread keeps one Python thread state for its life: without it every
+            // call's `with_gil` would make and free one (and its frame stack: an mmap
+            // and a munmap per call). `stop()` waits for it to end, so none is left
+            // holding one when Python exits.
+            Python::with_gil(|py| {
+                py.allow_threads(|| {
+                    let _ = serve(socket, handler);
+                })
+            });
+            *connection.live.lock().unwrap() -= 1;
+            connection.ended.notify_all();
+        });
+        if started.is_err() {
+            *shared.live.lock().unwrap() -= 1;
+        }
+    }
 }
 
 #[pymethods]
 impl Server {
-    /// Bind `host:port` (0: any free port) and serve `handler` until `stop()`.
+    /// Bind `host:port` (0: any free port) and serve `handler` until `stop()`; a
+    /// loopback `host` is served on its Unix socket too (`local_socket`).
     #[new]
-    fn new(host: &str, port: u16, handler: Py<PyAny>) -> PyResult<Self> {
+    fn new(py: Python<'_>, host: &str, port: u16, handler: Py<PyAny>) -> PyResult<Self> {
         let listener = TcpListener::bind((host, port))
             .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("cannot bind {host}:{port}: {e}")))?;
         let port = listener.local_addr()?.port();
+        // The TCP port is ours, so its name is free unless a process that lost the port
+        // still holds it (it is going away): then TCP alone.
+        let local = crate::local_socket::name(host, port).and_then(|name| crate::local_socket::bind(&name).ok().map(|l| (name, l)));
         let shared = Arc::new(Shared {
             stopping: AtomicBool::new(false),
             sockets: Mutex::new(Vec::new()),
             live: Mutex::new(0),
             ended: Condvar::new(),
         });
-        let accepting = shared.clone();
-        let acceptor = std::thread::Builder::new().name("uerl-native-accept".into()).spawn(move || {
-            for socket in listener.incoming() {
-                if accepting.stopping.load(Ordering::Relaxed) {
-                    break;
-                }
-                let Ok(socket) = socket else { continue };
-                if let Ok(clone) = socket.try_clone() {
-                    accepting.sockets.lock().unwrap().push(clone);
-                }
-                let handler = Python::with_gil(|py| handler.clone_ref(py));
-                *accepting.live.lock().unwrap() += 1;
-                let connection = accepting.clone();
-                let started = std::thread::Builder::new()
-                    .name("uerl-native-conn".into())
-                    .spawn(move || {
-                        // The thread keeps one Python thread state for its life: without
-                        // it every call's `with_gil` would make and free one (and its
-                        // frame stack: an mmap and a munmap per call). `stop()` waits for
-                        // it to end, so none is left holding one when Python exits.
-                        Python::with_gil(|py| {
-                            py.allow_threads(|| {
-                                let _ = serve(socket, handler);
-                            })
-                        });
-                        *connection.live.lock().unwrap() -= 1;
-                        connection.ended.notify_all();
-                    });
-                if started.is_err() {
-                    *accepting.live.lock().unwrap() -= 1;
-                }
+        let mut acceptors = Vec::new();
+        let (accepting, tcp_handler) = (shared.clone(), handler.clone_ref(py));
+        acceptors.push(std::thread::Builder::new().name("uerl-native-accept".into()).spawn(move || {
+            accept_loop(accepting, tcp_handler, listener.incoming().map(|s| s.map(Stream::Tcp)))
+        })?);
+        let local_name = match local {
+            Some((name, unix)) => {
+                let accepting = shared.clone();
+                acceptors.push(std::thread::Builder::new().name("uerl-native-accept".into()).spawn(move || {
+                    accept_loop(accepting, handler, unix.incoming().map(|s| s.map(Stream::Unix)))
+                })?);
+                Some(name)
             }
-        })?;
-        Ok(Self { shared, port, host: host.to_string(), acceptor: Some(acceptor) })
+            None => None,
+        };
+        Ok(Self { shared, port, host: host.to_string(), local_name, acceptors })
+    }
+
+    /// Whether a Unix socket serves too (a loopback host; see `local_socket`).
+    #[getter]
+    fn local_socket(&self) -> bool {
+        self.local_name.is_some()
     }
 
     #[getter]
@@ -221,20 +285,23 @@ impl Server {
         self.port
     }
 
-    /// Stop accepting, close every connection, wait for the acceptor and (up to 5 s) the
+    /// Stop accepting, close every connection, wait for the acceptors and (up to 5 s) the
     /// connection threads to end.
     fn stop(&mut self, py: Python<'_>) {
         self.shared.stopping.store(true, Ordering::Relaxed);
         for socket in self.shared.sockets.lock().unwrap().drain(..) {
-            let _ = socket.shutdown(Shutdown::Both);
+            socket.shutdown();
         }
-        // Wake the blocking accept with a connection of our own.
+        // Wake each blocking accept with a connection of our own.
         let host = if self.host == "0.0.0.0" { "127.0.0.1" } else { self.host.as_str() };
         let _ = TcpStream::connect((host, self.port));
+        if let Some(name) = &self.local_name {
+            let _ = crate::local_socket::connect(name);
+        }
         let shared = self.shared.clone();
-        let acceptor = self.acceptor.take();
+        let acceptors: Vec<_> = self.acceptors.drain(..).collect();
         py.allow_threads(move || {
-            if let Some(acceptor) = acceptor {
+            for acceptor in acceptors {
                 let _ = acceptor.join();
             }
             // Their sockets are shut: each ends once its current call (if any) returns.

@@ -237,17 +237,69 @@ fn check_prefix(data: &[u8], max: usize) -> Result<(), Failure> {
     Ok(())
 }
 
-/// One live connection: where requests go, and whether its task still runs.
+/// One live connection: where requests go, whether its task still runs, and which way
+/// it goes ("unix" or "tcp").
 #[derive(Clone)]
 struct Conn {
     send: SendRequest<Bytes>,
     alive: Arc<AtomicBool>,
+    via: &'static str,
 }
 
-/// A TCP connection that completed the HTTP/2 handshake and answered a PING. (A TCP
-/// accept alone proves little: a game still loading, or a TLS server spoken to in
-/// plaintext, accepts and never answers.)
+/// How an HTTP/2 handshake and its PING went on one stream.
+enum Opened {
+    Ready(Conn),
+    /// Not a game's gRPC server (yet): try the next address.
+    NotHttp2(Failure),
+}
+
+/// HTTP/2 on `io`, proved by a PING answered (a game still loading, or a TLS server
+/// spoken to in plaintext, accepts and never answers).
+async fn handshake<T>(io: T, peer: &str, via: &'static str, deadline: tokio::time::Instant) -> Result<Opened, Failure>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let handshake = h2::client::Builder::new()
+        .enable_push(false)
+        .initial_window_size(WINDOW_BYTES)
+        .initial_connection_window_size(WINDOW_BYTES)
+        .max_header_list_size(H2_HEADER_LIST_BYTES)
+        .handshake::<_, Bytes>(io);
+    let (send, mut connection) = match tokio::time::timeout_at(deadline, handshake).await {
+        Err(_) => return Err(deadline_exceeded()),
+        Ok(Err(e)) => return Ok(Opened::NotHttp2((UNAVAILABLE, format!("no HTTP/2 from {peer}: {e}")))),
+        Ok(Ok(pair)) => pair,
+    };
+    let mut pings = connection.ping_pong().expect("taken once");
+    let alive = Arc::new(AtomicBool::new(true));
+    let flag = alive.clone();
+    tokio::spawn(async move {
+        let _ = connection.await;
+        flag.store(false, Ordering::Release);
+    });
+    match tokio::time::timeout_at(deadline, pings.ping(h2::Ping::opaque())).await {
+        Err(_) => Err(deadline_exceeded()),
+        // An HTTP/1.1 server, a TLS one, garbage: not a game's gRPC server (yet).
+        Ok(Err(e)) => Ok(Opened::NotHttp2((UNAVAILABLE, format!("no HTTP/2 from {peer}: {e}")))),
+        Ok(Ok(_pong)) => Ok(Opened::Ready(Conn { send, alive, via })),
+    }
+}
+
+/// A connection that completed the HTTP/2 handshake and answered a PING: over the game's
+/// Unix socket when it offers one (`local_socket`), else over TCP.
 async fn open(address: &str, deadline: tokio::time::Instant) -> Result<Conn, Failure> {
+    if let Some(name) = crate::local_socket::name_for_address(address) {
+        // Nothing listening there fails at once (ECONNREFUSED): then TCP. So does a
+        // socket served by another user: any process may take an abstract name, so only
+        // one of ours is trusted with the game's traffic.
+        if let Ok(Ok(unix)) = tokio::time::timeout_at(deadline, tokio::net::UnixStream::connect(&name)).await {
+            if crate::local_socket::served_by_us(&unix) {
+                if let Opened::Ready(conn) = handshake(unix, address, "unix", deadline).await? {
+                    return Ok(conn);
+                }
+            }
+        }
+    }
     let addrs: Vec<SocketAddr> = address
         .to_socket_addrs()
         .map_err(|e| (UNAVAILABLE, format!("cannot resolve {address}: {e}")))?
@@ -263,32 +315,9 @@ async fn open(address: &str, deadline: tokio::time::Instant) -> Result<Conn, Fai
             Ok(Ok(tcp)) => tcp,
         };
         let _ = tcp.set_nodelay(true);
-        let handshake = h2::client::Builder::new()
-            .enable_push(false)
-            .initial_window_size(WINDOW_BYTES)
-            .initial_connection_window_size(WINDOW_BYTES)
-            .max_header_list_size(H2_HEADER_LIST_BYTES)
-            .handshake::<_, Bytes>(tcp);
-        let (send, mut connection) = match tokio::time::timeout_at(deadline, handshake).await {
-            Err(_) => return Err(deadline_exceeded()),
-            Ok(Err(e)) => {
-                last = (UNAVAILABLE, format!("no HTTP/2 from {addr}: {e}"));
-                continue;
-            }
-            Ok(Ok(pair)) => pair,
-        };
-        let mut pings = connection.ping_pong().expect("taken once");
-        let alive = Arc::new(AtomicBool::new(true));
-        let flag = alive.clone();
-        tokio::spawn(async move {
-            let _ = connection.await;
-            flag.store(false, Ordering::Release);
-        });
-        match tokio::time::timeout_at(deadline, pings.ping(h2::Ping::opaque())).await {
-            Err(_) => return Err(deadline_exceeded()),
-            // An HTTP/1.1 server, a TLS one, garbage: not a game's gRPC server (yet).
-            Ok(Err(e)) => last = (UNAVAILABLE, format!("no HTTP/2 from {addr}: {e}")),
-            Ok(Ok(_pong)) => return Ok(Conn { send, alive }),
+        match handshake(tcp, &addr.to_string(), "tcp", deadline).await? {
+            Opened::Ready(conn) => return Ok(conn),
+            Opened::NotHttp2(failure) => last = failure,
         }
     }
     Err(last)
@@ -620,6 +649,13 @@ impl Channel {
     #[getter]
     fn connected(&self) -> bool {
         self.shared.live().is_some()
+    }
+
+    /// How the live connection reaches the game: "unix" (its local socket), "tcp", or
+    /// None while not connected.
+    #[getter]
+    fn via(&self) -> Option<&'static str> {
+        self.shared.live().map(|conn| conn.via)
     }
 }
 

@@ -17,8 +17,8 @@ hyperparameters), four places for the environments:
 All train on one local cluster of raylets, as `uerl local` runs them (head without CPUs,
 worker nodes advertising `ue_worker`), one iteration each per round, so all see the same
 machine load. Per path: env steps per second of whole iterations (what a user sees in
-the progress line, learner included), of sampling (RLlib's sampling timer, which is what
-the client changes), and the env runners' resident memory.
+the progress line, learner included), of sampling (what the client changes: PPO's
+`synchronous_parallel_sample`, timed per iteration), and the env runners' resident memory.
 """
 
 from __future__ import annotations
@@ -108,6 +108,38 @@ def _games(
                 proc.terminate()
                 proc.wait(timeout=10)
     raise RuntimeError("no run of free consecutive ports for the mock games")
+
+
+class SamplingClock:
+    """Wall time of each iteration's sampling, exactly what RLlib's sampling timer times.
+
+    That timer (`result["timers"]["env_runner_sampling_timer"]`) is an exponential
+    moving average with coefficient 0.01: after a few iterations it still reads the
+    first (warm-up) one. So the bench times the same call itself, by wrapping the
+    function PPO samples with for as long as it runs.
+    """
+
+    def __init__(self) -> None:
+        self.last_s = 0.0
+
+    def __enter__(self) -> SamplingClock:
+        from ray.rllib.algorithms.ppo import ppo
+
+        self._module = ppo
+        self._sample = sample = ppo.synchronous_parallel_sample
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return sample(*args, **kwargs)
+            finally:
+                self.last_s = time.perf_counter() - start
+
+        ppo.synchronous_parallel_sample = timed
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._module.synchronous_parallel_sample = self._sample
 
 
 BASELINE = "rllib"
@@ -231,6 +263,7 @@ def run(
                     ).env_runners(env_runner_cls=MultiAgentEnvRunner)
                 algos[path] = config.build_algo()
                 stack.callback(algos[path].stop)
+            sampling = stack.enter_context(SamplingClock())
             for algo in algos.values():
                 algo.train()  # warm-up: first iterations build connectors and compile
             for _ in range(iterations):
@@ -239,8 +272,7 @@ def run(
                     result = algo.train()
                     elapsed = time.perf_counter() - start
                     steps = result["env_runners"]["num_env_steps_sampled"]
-                    sampling = result["timers"]["env_runner_sampling_timer"]
-                    figures[path].sample_rates.append(steps / sampling)
+                    figures[path].sample_rates.append(steps / sampling.last_s)
                     figures[path].iteration_rates.append(steps / elapsed)
             for path, algo in algos.items():
                 figures[path].runner_rss_mb = _runner_rss_mb(algo)

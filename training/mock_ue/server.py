@@ -396,7 +396,13 @@ class MockUEServer:
             self._native = uerl_native.Server(self.host, self.requested_port, self._native_call)
             self.port = self._native.port
             self._stopped = threading.Event()
-            log.info("mock-ue %s x%d on %s (native)", self.env_id, self.num_envs, self.address)
+            log.info(
+                "mock-ue %s x%d on %s (native%s)",
+                self.env_id,
+                self.num_envs,
+                self.address,
+                ", and its local socket" if self._native.local_socket else "",
+            )
             return self.port
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers), options=SERVER_OPTIONS
