@@ -13,7 +13,7 @@ NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/build.rs native/pyp
 # Cargo's build cache, outside the work tree: a rebuild after a change takes seconds.
 CARGO_TARGET_DIR ?= $(HOME)/.cache/uerl-native/target
 
-.PHONY: setup local test test-slow lint bench render images images-local docs clean
+.PHONY: setup local test test-slow lint bench bench-policies render images images-local docs clean
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -80,8 +80,13 @@ e2e: setup
 	$(BIN)/python tests/k8s/images/build.py
 	$(BIN)/python -m pytest -ra --durations=15 -m k8s tests/k8s $(PYTEST_ARGS)
 
+# Benchmarks, on demand (not in CI; docs/development.md lists them): figures, not checks.
 bench: setup
 	$(BIN)/uerl bench $(ARGS)
+
+# ctde against independent at the same step budget on the Relay game (docs/training.md).
+bench-policies: setup
+	$(BIN)/uerl bench-policies --env uerl/Relay-v0 --policies ctde independent --seeds 1 --iterations 25 $(ARGS)
 
 render: setup
 	$(BIN)/uerl render --stack dev $(ARGS)

@@ -41,6 +41,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Inherited by every process any test starts (see proc_tree.TEST_SESSION_ENV). An
     # xdist controller runs no test: only its workers get a tag, each its own, so that
     # one worker's check never finds another's running processes (nor the workers).
+    # The module clock: CI's logs show each module's share of the budget.
+    config.pluginmanager.register(ModuleClock(), "uerl-module-clock")
     if _is_xdist_controller(config):
         os.environ.pop(TEST_SESSION_ENV, None)
         config.stash[_worker_leftovers] = []
@@ -97,6 +99,31 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for line in lines:
             reporter.write_line(line, red=True, bold=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------------- wall time by module
+
+
+# Summed over each test's setup, call and teardown (a module fixture's set-up counts
+# for the test that ran it first), printed at the end of every run: with `--durations`
+# per test, this is the budget table CI's logs show (`.ci/run`).
+class ModuleClock:
+    """Sums each module's test reports; prints them, longest first, after the run."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        module = report.nodeid.split("::", 1)[0]
+        self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.seconds:
+            return
+        terminalreporter.write_sep("=", "wall time by test module")
+        for module, total in sorted(self.seconds.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{total:8.1f} s  {module}")
+        terminalreporter.write_line(f"{sum(self.seconds.values()):8.1f} s  in all")
 
 
 # ------------------------------------------- order and grouping for pytest-xdist
@@ -181,6 +208,34 @@ def module_deadline(request: pytest.FixtureRequest) -> Deadline:
     """`deadline` for module-scoped fixtures: they are set up within the timeout of the
     module's first test."""
     return Deadline.for_item(request.node, request.config)
+
+
+@pytest.fixture(scope="session")
+def readme_local_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """README's first command, short (`make local ARGS="--iterations 3 ..."`), from a shell
+    that exports RAY_AUTH_MODE=token (an earlier in-process `ray.init` or the user's
+    profile may). One run serves every check of a plain run's console and result
+    (test_docs_commands, test_local_e2e, test_console): each start of a local topology
+    costs about half a minute of CI."""
+    import subprocess
+
+    from local_runs import PROJECT_ROOT, LocalRun
+
+    run_dir = tmp_path_factory.mktemp("readme-local") / "run"
+    started = time.monotonic()
+    args = f"--iterations 3 --run-dir {run_dir}"
+    done = subprocess.run(
+        ["make", "local", f"ARGS={args}"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "MAKEFLAGS": "", "RAY_AUTH_MODE": "token"},
+    )  # fmt: skip
+    return LocalRun(
+        done.returncode,
+        done.stdout + done.stderr,
+        run_dir,
+        time.monotonic() - started,
+        args=("make", "local", "RAY_AUTH_MODE=token"),
+    )
 
 
 # ------------------------------------------------------------------ environment

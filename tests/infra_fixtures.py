@@ -18,10 +18,14 @@ from infra.render import apply_sets, render
 from infra.topology import Topology
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-SHARED_SCHEMAS = PROJECT_ROOT.parent / "shared" / "schemas"
+# Upstream data the repository carries, unmodified (third_party/README.md).
+THIRD_PARTY = PROJECT_ROOT / "third_party"
+# The KubeRay operator chart 1.7.0, as a local chart (`topology.operator.chart_path`).
+KUBERAY_CHART = THIRD_PARTY / "kuberay-operator-1.7.0"
 CRD_ENV = "UERL_RAYCLUSTER_CRD"
-DEFAULT_CRD = SHARED_SCHEMAS / "kuberay-v1.7.0" / "ray.io_rayclusters.yaml"
-PULUMI_PROJECT_SCHEMA = SHARED_SCHEMAS / "pulumi-v3.259.0" / "project.json"
+# KubeRay v1.7.0's RayCluster CRD: the chart's copy is the operator's own, byte for byte.
+DEFAULT_CRD = KUBERAY_CHART / "crds" / "ray.io_rayclusters.yaml"
+PULUMI_PROJECT_SCHEMA = THIRD_PARTY / "pulumi-project-schema-v3.259.0" / "project.json"
 HARNESS = Path(__file__).resolve().parent / "pulumi_harness.py"
 
 # Topologies exercising every builder branch.

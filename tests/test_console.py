@@ -209,16 +209,14 @@ def test_an_env_runner_that_cannot_start_shows_its_error_on_the_console(
 
 
 @pytest.mark.slow
-def test_a_training_run_prints_none_of_rays_routine_lines_and_logs_them(tmp_path: Path) -> None:
-    from local_runs import run_local
-
-    run = run_local(
-        tmp_path, "--iterations", "1", "--train-batch-size", "500", "--minibatch-size", "100"
-    )
+def test_a_training_run_prints_none_of_rays_routine_lines_and_logs_them(
+    readme_local_run: Any,
+) -> None:
+    run = readme_local_run  # conftest's: README's `make local`, 3 iterations
     assert run.returncode == 0, run.output
     shown = [noise for noise in ROUTINE_NOISE if noise in run.output]
     assert shown == [], run.output
     assert QUIET_TAG not in run.output
-    logged = (tmp_path / "logs" / "ray.log").read_text()
+    logged = (run.run_dir / "logs" / "ray.log").read_text()
     assert "Setting up process group" in logged  # from the learner actor
     assert "has constructor arguments in the object store" in logged  # the driver's C++ core

@@ -1,6 +1,8 @@
 """`--policies ctde` on the cooperative Relay game, through `uerl local` and the Schola
-protocol, compared with `independent` at the same step budget by `uerl bench-policies`;
-its checkpoint evaluates and exports one actor per agent on that agent's observation."""
+protocol, run by `uerl bench-policies`: it learns, and its checkpoint evaluates and
+exports one actor per agent on that agent's observation. The comparison with
+`independent` at the same step budget is a benchmark, run on demand by `make
+bench-policies` (its table is checked here on given figures)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
     out = tmp_path_factory.mktemp("bench-policies")
     argv = [
         sys.executable, "-m", "training.cli", "bench-policies", *RELAY[:2],
-        "--policies", "ctde", "independent", "--seeds", "1",
+        "--policies", "ctde", "--seeds", "1",
         "--iterations", str(ITERATIONS), "--out", str(out),
     ]  # fmt: skip
     with StartedProcesses() as started:
@@ -49,10 +51,9 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
     return Bench(out, output, proc.returncode)
 
 
-def test_the_bench_runs_both_configurations_to_the_end(bench: Bench) -> None:
+def test_the_bench_runs_ctde_to_the_end(bench: Bench) -> None:
     assert bench.returncode == 0, bench.output
-    for policies in ("ctde", "independent"):
-        assert bench.figures(policies)["env_steps"] >= ITERATIONS * 2000
+    assert bench.figures("ctde")["env_steps"] >= ITERATIONS * 2000
 
 
 def test_ctde_learns_the_cooperative_game(bench: Bench) -> None:
@@ -62,10 +63,7 @@ def test_ctde_learns_the_cooperative_game(bench: Bench) -> None:
     assert ctde["final_return"] > ctde["first_return"] + 5, ctde
 
 
-def test_the_comparison_is_printed_with_the_learning_curves(bench: Bench) -> None:
-    assert ("ctde beats independent" in bench.output) or (
-        "ctde does not beat independent" in bench.output
-    )
+def test_the_bench_draws_the_learning_curves(bench: Bench) -> None:
     png = bench.out / "learning_curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

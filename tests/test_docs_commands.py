@@ -3,11 +3,11 @@ checks each shown command's words are in the file that runs it)."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -54,14 +54,9 @@ def test_render_of_a_topology_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_make_local_trains_end_to_end(tmp_path: Path) -> None:
-    # README's first command, short: `make local ARGS="--iterations 3"`.
-    args = f"--iterations 3 --run-dir {tmp_path / 'run'}"
-    done = subprocess.run(
-        ["make", "local", f"ARGS={args}"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "MAKEFLAGS": ""},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "done in" in done.stdout and "3 iteration(s) recorded" in done.stdout
-    assert (tmp_path / "run" / "metrics.csv").is_file()
+def test_make_local_trains_end_to_end(readme_local_run: Any) -> None:
+    # README's first command, short: `make local ARGS="--iterations 3"` (conftest's run).
+    run = readme_local_run
+    assert run.returncode == 0, run.output[-6000:]
+    assert "done in" in run.output and "3 iteration(s) recorded" in run.output
+    assert (run.run_dir / "metrics.csv").is_file()

@@ -179,19 +179,9 @@ def test_signal_during_startup_stops_everything_started_so_far(
 
 
 @pytest.mark.slow
-def test_an_inherited_ray_auth_mode_does_not_break_the_run(tmp_path: Path) -> None:
-    # A shell (or an earlier in-process `ray.init`) may export RAY_AUTH_MODE=token;
-    # the local cluster runs without auth, and its driver must agree.
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    run = run_local(
-        tmp_path,
-        "--iterations",
-        "1",
-        "--train-batch-size",
-        "500",
-        "--minibatch-size",
-        "100",
-        env=env,
-    )
-    assert run.returncode == 0, run.output
-    assert "iter    1 |" in run.output
+def test_an_inherited_ray_auth_mode_does_not_break_the_run(readme_local_run: LocalRun) -> None:
+    # A shell (or an earlier in-process `ray.init`) may export RAY_AUTH_MODE=token; the
+    # local cluster runs without auth, and its driver must agree (conftest's run has it).
+    assert "RAY_AUTH_MODE=token" in readme_local_run.args
+    assert readme_local_run.returncode == 0, readme_local_run.output
+    assert "iter    1 |" in readme_local_run.output

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from infra_fixtures import (
+    KUBERAY_CHART,
     PROJECT_ROOT,
     dev_topology,
     integral_floats_to_int,
@@ -97,20 +98,21 @@ def test_chart_is_pinned_to_the_configured_version(sidecar) -> None:
     assert chart["dependencies"] == ["kubernetes:core/v1:Namespace::uerl"]
 
 
-SHARED_CHART = "../shared/charts/kuberay-operator-1.7.0"
+# Relative to the project root, as a user would set it.
+LOCAL_CHART = KUBERAY_CHART.relative_to(PROJECT_ROOT).as_posix()
 
 
 def test_relative_chart_path_resolves_against_the_project_root_not_infra() -> None:
     # Pulumi runs the program (and the provider that reads the chart) in infra/.
-    report = run_program(f"topology.operator.chart_path={SHARED_CHART}")
+    report = run_program(f"topology.operator.chart_path={LOCAL_CHART}")
     (chart,) = resources_of(report, "kubernetes:helm.sh/v4:Chart").values()
-    assert chart["inputs"]["chart"] == str((PROJECT_ROOT / SHARED_CHART).resolve())
+    assert chart["inputs"]["chart"] == str((PROJECT_ROOT / LOCAL_CHART).resolve())
     assert "repositoryOpts" not in chart["inputs"]
 
 
 def test_local_chart_of_another_version_fails_naming_chart_version() -> None:
     report = run_program(
-        f"topology.operator.chart_path={SHARED_CHART}", "topology.operator.chart_version=1.6.0"
+        f"topology.operator.chart_path={LOCAL_CHART}", "topology.operator.chart_version=1.6.0"
     )
     assert report["error"]["type"] == "RunError"
     message = report["error"]["message"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infra_fixtures import PROJECT_ROOT, rendered, split_documents
+from infra_fixtures import KUBERAY_CHART, PROJECT_ROOT, rendered, split_documents
 
 from infra.config_path import ConfigPathError, parse_path, parse_value, set_path
 from infra.render import main
@@ -215,6 +215,10 @@ def test_rescaling_the_networked_games_keeps_the_same_two_objects() -> None:
     assert replicas == [3, 5, 2]  # Y games + the discovery game (ordinal 0)
 
 
+# The chart the repository carries, relative to the project root as a user would set it.
+LOCAL_CHART = KUBERAY_CHART.relative_to(PROJECT_ROOT).as_posix()
+
+
 def test_relative_chart_path_renders_from_the_project_root_in_a_subdirectory(
     capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,18 +228,18 @@ def test_relative_chart_path_renders_from_the_project_root_in_a_subdirectory(
         "--stack",
         "dev",
         "--set",
-        "topology.operator.chart_path=../shared/charts/kuberay-operator-1.7.0",
+        f"topology.operator.chart_path={LOCAL_CHART}",
     )
     header, _ = split_documents(out)
     assert code == 0
-    assert str((PROJECT_ROOT.parent / "shared/charts/kuberay-operator-1.7.0").resolve()) in header
+    assert str(KUBERAY_CHART.resolve()) in header
 
 
 def test_chart_version_mismatch_is_a_clear_error_naming_the_path(capsys) -> None:
     code, _, err = run(
         capsys,
         "--set",
-        "topology.operator.chart_path=../shared/charts/kuberay-operator-1.7.0",
+        f"topology.operator.chart_path={LOCAL_CHART}",
         "--set",
         "topology.operator.chart_version=1.8.0",
     )

@@ -1,6 +1,7 @@
 """The RayCluster (`ray.io/v1`): a head that schedules nothing, X learners, Y env-runner workers.
 
-Facts this relies on (KubeRay v1.7.0, see shared/schemas/kuberay-v1.7.0/SOURCE.md):
+Facts this relies on (KubeRay v1.7.0, read from its operator source; its CRDs are in
+third_party/kuberay-operator-1.7.0/crds):
 every rayStartParams value is a string; the Ray container is containers[0];
 custom resources are single-quoted compact JSON so bash, the operator and
 the autoscaler all read `{"ue_worker": 1}`; pods are recreated on a pod

@@ -42,9 +42,10 @@ HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "build"
 BUILD_SCRIPT = BUILD_DIR / "build.sh"
 REPO = HERE.parents[1]
-SHARED = Path(os.environ.get("UERL_SHARED_DIR", REPO.parent / "shared"))
-KWOK_STAGES_DIR = SHARED / "kwok-stages-v0.8.0"
-KUBERAY_CHART_DIR = SHARED / "charts" / "kuberay-operator-1.7.0"
+# Upstream data the repository carries, unmodified (third_party/README.md).
+THIRD_PARTY = REPO / "third_party"
+KWOK_STAGES_DIR = THIRD_PARTY / "kwok-stages-v0.8.0"
+KUBERAY_CHART_DIR = THIRD_PARTY / "kuberay-operator-1.7.0"
 KUBERAY_CRDS_DIR = KUBERAY_CHART_DIR / "crds"
 
 KUBERAY_CRD_NAMES = frozenset(

@@ -5,7 +5,7 @@ its chart, the Ray head, learners and workers from the project's Ray image, and 
 This module holds what the real-pod scenarios share:
 
 - `stack_settings`: the dev stack's overrides for this 2-core machine (small CPU
-  requests, the chart from ../shared, the operator image's real tag, the images the
+  requests, the chart from third_party/, the operator image's real tag, the images the
   tier built: nothing is pulled). Each is a `pulumi config set --path` a user could type.
 - `PortForward`: `kubectl port-forward` to the head's dashboard, restarted when the head
   pod it was tied to is gone.
@@ -84,7 +84,7 @@ def stack_settings(busybox_ref: str) -> dict[str, str]:
         # tier has (the defaults are public images no registry serves here).
         "topology.simulator.forwarder_image": images_build.topology_refs()[1],
         "topology.executables.loader_image": busybox_ref,
-        # The chart from ../shared (no Helm repository here), running the operator
+        # The chart the repository carries (no Helm repository here), running the operator
         # image the tier built, tagged with the binary's own version.
         "topology.operator.chart_path": str(KUBERAY_CHART_DIR),
         "topology.operator.values.image.tag": images_build.kuberay_version(),

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="end to end: timed PPO iterations per path (default 5; 0 skips end to end)",
     )
+    parser.add_argument(
+        "--e2e-batch-size",
+        type=positive_int,
+        default=4000,
+        help="end to end: env steps per PPO iteration (default 4000, PPO's)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -277,7 +283,13 @@ def main(argv: list[str]) -> int:
         from training.commands import bench_e2e
 
         for envs in args.e2e_envs:
-            e2e += bench_e2e.run(args.env, envs, args.e2e_iterations, client_paths())
+            e2e += bench_e2e.run(
+                args.env,
+                envs,
+                args.e2e_iterations,
+                client_paths(),
+                train_batch_size=args.e2e_batch_size,
+            )
     if args.json:
         data = {
             "env": result.env,

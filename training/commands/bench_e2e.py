@@ -190,7 +190,12 @@ def single_agent_config(uerl_config: Any, env_id: str) -> Any:
 
 
 def run(
-    env_id: str, envs_per_game: int, iterations: int, clients: list[str], runners: int = 2
+    env_id: str,
+    envs_per_game: int,
+    iterations: int,
+    clients: list[str],
+    runners: int = 2,
+    train_batch_size: int = 4000,
 ) -> list[E2EFigures]:
     import ray
     from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
@@ -249,6 +254,8 @@ def run(
                     custom_resource="ue_worker",
                     seed=0,
                     env_runner=env_runner,
+                    train_batch_size=train_batch_size,
+                    minibatch_size=min(128, train_batch_size),
                 )
                 if path == BASELINE:
                     config = single_agent_config(config, env_id)

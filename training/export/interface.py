@@ -1,9 +1,10 @@
 """The Schola inference interface of one policy: named inputs and outputs, from its spaces.
 
 A Schola game feeds one graph input per observation key and reads one output per
-action key (`../shared/protocol/schola-inference-interface.md`); a space that is
-not a `Dict` is named `obs` / `action`. This module decides those names and how
-each named input maps onto what the trained RLlib module takes:
+action key (the shape Schola v2.1.1's own exporters write: `schola/core/model.py` and
+`schola/rllib/export.py` of its Python package); a space that is not a `Dict` is named
+`obs` / `action`. This module decides those names and how each named input maps onto
+what the trained RLlib module takes:
 
 - `direct`: the module was built on the game's own observation space (what `uerl
   train` does: it never flattens), so the one input `obs` is the module's input.

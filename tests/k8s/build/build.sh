@@ -82,6 +82,9 @@ fi
 # place of them; a flag given twice takes its last value.
 USER_GOFLAGS=$(go env GOFLAGS)
 GOFLAGS="${USER_GOFLAGS:+$USER_GOFLAGS }-p=$JOBS"
+# No DWARF from the compiler: `-ldflags -w` drops it from every binary anyway, and
+# generating it is compile time spent for nothing (a gcflags of the user's is replaced).
+GOFLAGS+=" -gcflags=all=-dwarf=false"
 [[ " $GOFLAGS " == *" -buildvcs="* ]] || GOFLAGS+=" -buildvcs=false"
 export GOFLAGS
 NICE=(nice -n 19)
@@ -166,9 +169,24 @@ build_pulumi() {
 # committed go.mod and go.sum of WRAPPER-DIR in place of its own (those point at
 # upstream's monorepo or at versions the proxy refuses), so `go build
 # -mod=readonly` needs no checksum-database look-ups and never writes to them.
+# The only read of ../shared/third_party: the Go module proxy refuses these two; a clone
+# without them gets one line saying what to put where, and patched_source fails.
 patched_source() { # SHARED-SUBDIR WRAPPER-DIR DEST
-  local from=$SHARED/third_party/$1
-  [[ -d $from ]] || { echo "no source at $from (../shared/third_party)" >&2; return 1; }
+  local from=$SHARED/third_party/$1 what also=
+  if [[ ! -d $from ]]; then
+    case $1 in
+      pulumi-language-python-*)
+        what="github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3 $PULUMI_VERSION"
+        also=" (with upstream's sdk/python/cmd/pulumi-language-python-exec beside its main.go)" ;;
+      pulumi-kubernetes-provider-*)
+        what="github.com/pulumi/pulumi-kubernetes/provider/v4 $PULUMI_KUBERNETES_VERSION"
+        also=" (the tree of commit 94977969d641, which pulumi-kubernetes/go.mod is for)" ;;
+      *) what=$1 ;;
+    esac
+    echo "build.sh: missing the upstream source of Go module $what, which the module proxy" \
+      "does not serve: put it, unmodified, in $from$also" >&2
+    return 1
+  fi
   rm -rf "$3"
   mkdir -p "$(dirname "$3")"
   cp -r "$from" "$3"
@@ -181,11 +199,11 @@ build_pulumi-language-python() { # OUT
   # Pulumi's release archive (the CLI then uses them without a warning).
   local src=$CACHE/.src-pulumi-language-python-$PULUMI_VERSION
   require pulumi-language-python github.com/pulumi/pulumi/sdk/v3 "$PULUMI_VERSION"
-  patched_source "pulumi-language-python-$PULUMI_VERSION" pulumi-language-python "$src"
+  patched_source "pulumi-language-python-$PULUMI_VERSION" pulumi-language-python "$src" || return 1
   (cd "$src" && "${NICE[@]}" go build -mod=readonly -trimpath \
     -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION" \
-    -o "$1/pulumi-language-python" .)
-  install -m 0755 "$src/pulumi-language-python-exec" "$1/"
+    -o "$1/pulumi-language-python" .) || return 1
+  install -m 0755 "$src/pulumi-language-python-exec" "$1/" || return 1
   rm -rf "$src"
 }
 
@@ -197,17 +215,17 @@ build_pulumi-kubernetes() { # OUT
   # kube-apiserver serves at /openapi/v2).
   local v=${PULUMI_KUBERNETES_VERSION#v} src=$CACHE/.src-pulumi-kubernetes-$PULUMI_KUBERNETES_VERSION
   local cmd swagger
-  patched_source "pulumi-kubernetes-provider-$PULUMI_KUBERNETES_VERSION/provider" pulumi-kubernetes "$src"
+  patched_source "pulumi-kubernetes-provider-$PULUMI_KUBERNETES_VERSION/provider" pulumi-kubernetes "$src" || return 1
   cmd=$src/cmd/pulumi-resource-kubernetes
   mkdir -p "$src/cmd/uerl-gen-schema"
-  cp "$HERE/pulumi-kubernetes/genschema/main.go" "$src/cmd/uerl-gen-schema/"
+  cp "$HERE/pulumi-kubernetes/genschema/main.go" "$src/cmd/uerl-gen-schema/" || return 1
   swagger=$(cd "$HERE/kubernetes" && go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
     sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')/api/openapi-spec/swagger.json
   (cd "$src" && "${NICE[@]}" go run -mod=readonly -trimpath ./cmd/uerl-gen-schema \
-    "$swagger" "$cmd/terraform-mapping.json" "$v" "$cmd")
+    "$swagger" "$cmd/terraform-mapping.json" "$v" "$cmd") || return 1
   (cd "$src" && "${NICE[@]}" go build -mod=readonly -trimpath \
     -ldflags "-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$v" \
-    -o "$1/pulumi-resource-kubernetes" ./cmd/pulumi-resource-kubernetes)
+    -o "$1/pulumi-resource-kubernetes" ./cmd/pulumi-resource-kubernetes) || return 1
   rm -rf "$src"
 }
 
@@ -251,7 +269,16 @@ build_kube-router() { # OUT
     "$m/cmd/kube-router@$KUBE_ROUTER_VERSION"
 }
 
+# CPU seconds (user + system) of this shell's finished children: the clock ticks in
+# /proc/self/stat's cutime and cstime fields.
+children_cpu_s() {
+  local stat
+  read -r -a stat <"/proc/$$/stat"
+  echo $(((stat[15] + stat[16]) / $(getconf CLK_TCK)))
+}
+
 status=0
+summary=()
 for piece in "${PIECES[@]}"; do
   version=$(version_of "$piece")
   dest="$CACHE/$piece-$version"
@@ -264,20 +291,29 @@ for piece in "${PIECES[@]}"; do
   rm -rf "$tmp"
   mkdir -p "$tmp/bin"
   start=$SECONDS
+  cpu_start=$(children_cpu_s)
+  # Inside `if` bash ignores `set -e`: each build function returns on its first failure.
   if "build_$piece" "$tmp/bin"; then
     {
       echo "piece=$piece"
       echo "version=$version"
       echo "go=$(go env GOVERSION)"
       echo "seconds=$((SECONDS - start))"
+      echo "cpu_seconds=$(($(children_cpu_s) - cpu_start))"
     } >"$tmp/.complete"
     rm -rf "$dest"
     mv "$tmp" "$dest"
     echo "built $piece $version in $((SECONDS - start))s: $(du -sh "$dest" | cut -f1) in $dest/bin ($(ls "$dest/bin" | tr '\n' ' '))"
+    summary+=("$(printf '%-24s %6d s %7d s  built' "$piece" $((SECONDS - start)) $(($(children_cpu_s) - cpu_start)))")
   else
     rm -rf "$tmp"
     echo "FAILED to build $piece $version (after $((SECONDS - start))s)" >&2
+    summary+=("$(printf '%-24s %6d s %7d s  FAILED' "$piece" $((SECONDS - start)) $(($(children_cpu_s) - cpu_start)))")
     status=1
   fi
 done
+if [[ ${#summary[@]} -gt 0 ]]; then
+  echo "build.sh: what was built (wall, CPU user+system; the rest reused)"
+  printf '  %s\n' "${summary[@]}"
+fi
 exit $status

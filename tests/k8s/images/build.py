@@ -54,7 +54,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("UERL_IMAGE_CACHE", "~/.cache/uerl-images")).expanduser()
 K8S_CACHE = Path(os.environ.get("UERL_K8S_CACHE", "~/.cache/uerl-k8s")).expanduser()
-CHART = ROOT.parent / "shared" / "charts" / "kuberay-operator-1.7.0"
+# The KubeRay operator chart the repository carries (third_party/README.md): its
+# values.yaml names the operator image's repository.
+CHART = ROOT / "third_party" / "kuberay-operator-1.7.0"
 VERSIONS_ENV = ROOT / "tests" / "k8s" / "build" / "versions.env"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # Where the CA copy is mounted during RUN steps (PIP_CERT points at it).
@@ -411,6 +413,9 @@ def build_image(image: Image, context: Path, base: Path | None, inputs: str) -> 
 
 def chart_image_repository() -> str:
     """The repository of the chart's default operator image (its values.yaml)."""
+    if not (CHART / "values.yaml").is_file():
+        raise SystemExit(f"{CHART / 'values.yaml'} is missing: the KubeRay chart this "
+                         "repository carries (third_party/README.md)")
     values = (CHART / "values.yaml").read_text()
     block = re.search(r"^image:\n((?:[ #].*\n|\n)+)", values, re.MULTILINE)
     assert block, f"no image: block in {CHART / 'values.yaml'}"
@@ -452,19 +457,25 @@ def topology_refs() -> tuple[str, str]:
     return Topology().ray.image_ref, SIMULATOR_DEFAULTS["mock"]["image"]
 
 
-def images(native_dir: Path | None, stubs_dir: Path | None, torch_cuda: str) -> list[Image]:
+def images(wanted: Iterable[str], native_dir: Path | None, stubs_dir: Path | None,
+           torch_cuda: str) -> list[Image]:
+    """The wanted images, in build order. The operator's tag is read (from the chart and
+    versions.env) only when it is wanted: `make images` builds Ray and the mock game only."""
+    wanted = set(wanted)
     ray_ref, mock_ref = topology_refs()
     ray_extra = {"native-wheels": native_dir} if native_dir else {}
     if stubs_dir:
         ray_extra["torch-cuda-stubs"] = stubs_dir
-    return [
+    out = [
         Image("ray", ray_ref, ROOT / "docker" / "ray.Dockerfile", extra=ray_extra,
               build_args={"TORCH_CUDA": torch_cuda}),
         Image("mock-ue", mock_ref, ROOT / "docker" / "mock-ue.Dockerfile"),
-        Image("kuberay-operator", operator_image_ref(),
-              ROOT / "docker" / "kuberay-operator.Dockerfile",
-              extra={"kuberay-operator": kuberay_binary()}, uses_base=False),
     ]
+    if "kuberay-operator" in wanted:
+        out.append(Image("kuberay-operator", operator_image_ref(),
+                         ROOT / "docker" / "kuberay-operator.Dockerfile",
+                         extra={"kuberay-operator": kuberay_binary()}, uses_base=False))
+    return [image for image in out if image.name in wanted]
 
 
 def load_index() -> dict[str, dict[str, str]]:
@@ -498,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     needs_native = "ray" in wanted and not args.dry_run
     native_dir = build_native_wheel(args.python, "native" in args.force) if needs_native else None
     stubs_dir = build_cuda_stubs(args.python, args.torch_cuda) if needs_native else None
-    selected = [i for i in images(native_dir, stubs_dir, args.torch_cuda) if i.name in wanted]
+    selected = images(wanted, native_dir, stubs_dir, args.torch_cuda)
 
     if args.engine == "docker":
         # A normal Docker engine: the same Dockerfiles and contexts, its default base.
