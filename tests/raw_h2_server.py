@@ -215,3 +215,19 @@ def pause(peer: Peer, seconds: float) -> bool:
             return False
         time.sleep(min(0.01, end - time.monotonic()) if end > time.monotonic() else 0)
     return True
+
+
+def seen_then_gone(requests: list[int], goaway: bool) -> Script:
+    """A game that takes in a request and is gone before it answers: with `goaway`, it
+    first says GOAWAY naming that request's stream as processed (the game may have acted
+    on it); either way the connection then ends. `requests` gets each request's stream."""
+
+    def script(peer: Peer) -> None:
+        stream = peer.first_request()
+        if stream is None:
+            return
+        requests.append(stream)
+        if goaway:
+            peer.send(frame(GOAWAY, 0, 0, struct.pack(">II", stream, 0)))
+
+    return script

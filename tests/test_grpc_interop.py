@@ -46,6 +46,7 @@ from raw_h2_server import (
     header_block,
     hpack_literal,
     pause,
+    seen_then_gone,
 )
 
 from training.clients import native
@@ -583,6 +584,24 @@ def test_a_call_the_server_never_processed_is_sent_again_on_a_new_connection(
         transport.close()
         assert got == ("OK", b"served")
         assert server.connections == 2
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+@pytest.mark.parametrize(
+    "goaway", [True, False], ids=["goaway_naming_the_call", "connection_dropped"]
+)
+def test_a_call_the_game_may_have_seen_is_not_sent_again(client: str, goaway: bool) -> None:
+    # UpdateState is not idempotent: a step the game may have taken must not be taken
+    # twice. The game received it, then (having said GOAWAY that covers it, or not) is
+    # gone: the call fails, on the one connection, and the game saw the step once.
+    requests: list[int] = []
+    with RawServer(seen_then_gone(requests, goaway)) as server:
+        transport = CLIENTS[client](server.endpoint)
+        got = outcome(transport, "/Schola.GymService/UpdateState", b"step", 5.0)
+        transport.close()
+        assert got[0] == "UNAVAILABLE", got
+        assert server.connections == 1
+    assert len(requests) == 1
 
 
 def test_a_unary_reply_with_two_messages_fails_at_once() -> None:

@@ -83,20 +83,18 @@ def test_a_stopped_game_frees_its_socket_for_the_next_game_on_its_port(
     assert channel.via == "unix"
 
 
-@pytest.fixture
-def name_taken_by_another_user(mock_ue: MockFactory) -> Iterator[MockUEServer]:
-    """A game on TCP whose socket name a process of user `nobody` holds (and accepts on)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run a process as another user")
-    game = mock_ue(transport="grpcio")
+def _impostor(name: str, uid: int | None) -> int:
+    """A process that holds the abstract socket `name` and accepts on it (as `uid`, when
+    given); its pid once it listens."""
     ready, up = os.pipe()
     pid = os.fork()
     if pid == 0:  # the impostor: only syscalls here, then _exit (a forked pytest)
         try:
-            os.setgid(65534)
-            os.setuid(65534)
+            if uid is not None:
+                os.setgid(uid)
+                os.setuid(uid)
             with socket.socket(socket.AF_UNIX) as sock:
-                sock.bind(_socket_name("127.0.0.1", game.port).encode())
+                sock.bind(name.encode())
                 sock.listen(8)
                 os.write(up, b"up")
                 while True:
@@ -106,14 +104,54 @@ def name_taken_by_another_user(mock_ue: MockFactory) -> Iterator[MockUEServer]:
     os.close(up)
     assert os.read(ready, 2) == b"up"
     os.close(ready)
-    yield game
+    return pid
+
+
+NOBODY = 65534
+# How the socket's user and the client's differ. As root: the impostor runs as `nobody`.
+# As any user: the impostor runs as this one and the client is told it is another
+# (`Channel._trust_local_socket_of`, the uid the guard compares SO_PEERCRED's with). The
+# first needs root, so it is only collected then: nothing here skips.
+DIFFERENT_USERS = ["a_client_of_another_uid"] + (
+    ["an_impostor_of_another_user"] if os.geteuid() == 0 else []
+)
+
+
+@pytest.fixture(params=DIFFERENT_USERS)
+def name_taken_by_another_user(
+    request: pytest.FixtureRequest, mock_ue: MockFactory
+) -> Iterator[tuple[MockUEServer, int | None]]:
+    """A game on TCP whose socket name a process of another user than the client's holds
+    (and accepts on); with the uid the client must be told it runs as (None: its own)."""
+    game = mock_ue(transport="grpcio")
+    impostor_uid = NOBODY if request.param == "an_impostor_of_another_user" else None
+    pid = _impostor(_socket_name("127.0.0.1", game.port), impostor_uid)
+    client_uid = os.geteuid() + 1 if impostor_uid is None else None
+    yield game, client_uid
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
 
 
 def test_a_socket_another_user_serves_is_passed_over_for_tcp(
-    name_taken_by_another_user: MockUEServer,
+    name_taken_by_another_user: tuple[MockUEServer, int | None],
 ) -> None:
-    channel = _channel(name_taken_by_another_user.address)
+    import uerl_native
+
+    game, client_uid = name_taken_by_another_user
+    channel = uerl_native.Channel(game.address, MAX_MESSAGE_BYTES)
+    if client_uid is not None:
+        channel._trust_local_socket_of(client_uid)
+    channel.wait_ready(10.0)
     assert channel.call(DEFINITION, b"", 10.0)
     assert channel.via == "tcp"
+
+
+def test_a_client_told_its_own_uid_still_takes_the_unix_socket(mock_ue: MockFactory) -> None:
+    # The test hook above changes whom the guard trusts, not whether it is consulted.
+    import uerl_native
+
+    game = mock_ue(transport="native")
+    channel = uerl_native.Channel(game.address, MAX_MESSAGE_BYTES)
+    channel._trust_local_socket_of(os.geteuid())
+    channel.wait_ready(10.0)
+    assert channel.via == "unix"

@@ -20,6 +20,7 @@ mod schola {
 }
 mod codec;
 mod episodes;
+mod grpc;
 mod local_socket;
 mod server;
 mod transport;

@@ -1,8 +1,8 @@
 //! A game on the runner's own machine is also offered over a Unix socket.
 //!
-//! Loopback TCP costs a step's round trip about 15 µs and each side 7 µs of kernel CPU
-//! more than a Unix socket (docs/performance.md), and `uerl local` runs every game on the
-//! runners' machine. The compiled server, bound to a loopback address, also listens on an
+//! A step's round trip over a Unix socket is about 25 µs shorter than over loopback TCP
+//! (docs/performance.md: one client and its game alone; about 20 µs of a runner's step in
+//! `uerl bench`), and `uerl local` runs every game on the runners' machine. The compiled server, bound to a loopback address, also listens on an
 //! abstract Unix socket named for that address; the compiled client, given a loopback
 //! address, tries that name first and falls back to TCP when nothing listens there (any
 //! game not served by uerl's compiled server). Abstract names live in the network
@@ -53,9 +53,13 @@ pub fn connect(name: &str) -> std::io::Result<UnixStream> {
     UnixStream::connect_addr(&address(name)?)
 }
 
-/// Whether the process serving `stream` runs as this process's user.
-pub fn served_by_us(stream: &tokio::net::UnixStream) -> bool {
+/// This process's user (effective uid): the one whose sockets the client trusts.
+pub fn own_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
+    unsafe { libc::geteuid() }
+}
+
+/// Whether the process serving `stream` runs as user `uid` (`own_uid()`, but for tests).
+pub fn served_by(stream: &tokio::net::UnixStream, uid: u32) -> bool {
     stream.peer_cred().is_ok_and(|cred| cred.uid() == uid)
 }

@@ -6,13 +6,14 @@
 //! drives during a call (no hand-off between threads on the step path). While no call
 //! runs, a small thread drives it instead, so the connection answers the game's keepalive
 //! pings and sees its GOAWAY or its end. Every call has a deadline, sent as
-//! `grpc-timeout` and enforced here, so a hung or vanished game is an error naming the
+//! `grpc-timeout` and enforced here (the name lookup and a wait for another thread's
+//! connection attempt included), so a hung or vanished game is an error naming the
 //! cause, never a hang. docs/protocol.md lists what is supported and what is retried.
 
 use std::collections::HashMap;
 use std::io::Read;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -22,11 +23,16 @@ use h2::client::SendRequest;
 use h2::Reason;
 use http::{HeaderMap, HeaderValue, Method, Request, Uri};
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::runtime::Runtime;
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
+
+use crate::grpc::{
+    Failure, CANCELLED, DEADLINE_EXCEEDED, INTERNAL, INVALID_ARGUMENT, PERMISSION_DENIED, RESOURCE_EXHAUSTED,
+    UNAUTHENTICATED, UNAVAILABLE, UNIMPLEMENTED, UNKNOWN,
+};
 
 create_exception!(
     uerl_native,
@@ -34,18 +40,6 @@ create_exception!(
     PyException,
     "A failed call: args are (gRPC status code as int, details)."
 );
-
-// gRPC status codes used here (grpc/status.h).
-const CANCELLED: i32 = 1;
-const UNKNOWN: i32 = 2;
-const INVALID_ARGUMENT: i32 = 3;
-const DEADLINE_EXCEEDED: i32 = 4;
-const PERMISSION_DENIED: i32 = 7;
-const RESOURCE_EXHAUSTED: i32 = 8;
-const UNIMPLEMENTED: i32 = 12;
-const INTERNAL: i32 = 13;
-const UNAVAILABLE: i32 = 14;
-const UNAUTHENTICATED: i32 = 16;
 
 /// Metadata a reply may carry (headers, trailers; RFC 7541 sizes), as gRPC C-core's hard
 /// limit: more fails the call with RESOURCE_EXHAUSTED.
@@ -60,15 +54,14 @@ const WINDOW_BYTES: u32 = 8 << 20;
 /// A call whose request provably never reached the game is sent again (on a new
 /// connection) at most this many times, within its deadline.
 const MAX_TRANSPARENT_RETRIES: usize = 3;
-/// The channel counts as idle (and the idle driver takes over the connection) after this.
 /// A CANCEL reset this close to the deadline is the game's own timer firing on it.
 const CANCEL_AT_DEADLINE: Duration = Duration::from_millis(10);
 /// A call after a pause this long first lets the connection catch up (see `call_blocking`).
 const CATCH_UP_AFTER: Duration = Duration::from_millis(2);
+/// The channel counts as idle (and the idle driver takes over the connection) after this.
 const IDLE_AFTER: Duration = Duration::from_millis(50);
+/// How long the idle driver drives the connection before it looks at the channel again.
 const IDLE_SLICE: Duration = Duration::from_millis(500);
-
-type Failure = (i32, String);
 
 /// How an attempt failed: `Refused` never reached the game (safe to send again).
 enum Attempt {
@@ -179,8 +172,8 @@ fn unframe(data: &[u8], encoding: Option<&HeaderValue>, max: usize) -> Result<Ve
         return Err((INTERNAL, format!("reply: a {}-byte message prefix (5 expected)", data.len())));
     }
     let compressed = data[0];
-    let length = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
-    let message = &data[5..];
+    let length = crate::grpc::declared_length(data).expect("5 bytes");
+    let message = &data[crate::grpc::PREFIX_BYTES..];
     if message.len() != length {
         return Err((INTERNAL, format!("reply: {} message byte(s) after a prefix of {length}", message.len())));
     }
@@ -220,19 +213,6 @@ fn check_metadata(headers: &HeaderMap, what: &str) -> Result<(), Failure> {
             RESOURCE_EXHAUSTED,
             format!("the reply's {what} hold {size} bytes of metadata, more than the limit of {MAX_METADATA_BYTES}"),
         ));
-    }
-    Ok(())
-}
-
-fn check_prefix(data: &[u8], max: usize) -> Result<(), Failure> {
-    if data.len() >= 5 {
-        let length = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
-        if length > max {
-            return Err((RESOURCE_EXHAUSTED, format!("reply of {length} bytes, larger than the limit of {max}")));
-        }
-        if data.len() > 5 + length {
-            return Err((INTERNAL, "a unary reply with more than one message".into()));
-        }
     }
     Ok(())
 }
@@ -285,25 +265,61 @@ where
     }
 }
 
+/// A name lookup under way on a thread of its own: what it finds, once it has.
+type Lookup = oneshot::Receiver<std::io::Result<Vec<SocketAddr>>>;
+
+/// The addresses `address` (`host:port`) resolves to, by `deadline`. A literal IP is
+/// read as is. A name goes to the system's resolver, which blocks for as long as its own
+/// timeouts say, so it runs on a thread of its own that the call stops waiting for at its
+/// deadline; a lookup still under way is left in `pending` for the next attempt to wait
+/// on (one lookup at a time, however often a caller retries).
+async fn resolve(address: &str, deadline: tokio::time::Instant, pending: &mut Option<Lookup>) -> Result<Vec<SocketAddr>, Failure> {
+    if let Ok(addr) = address.parse::<SocketAddr>() {
+        return Ok(vec![addr]);
+    }
+    let lookup = match pending {
+        Some(lookup) => lookup,
+        None => {
+            let (found, lookup) = oneshot::channel();
+            let name = address.to_string();
+            std::thread::Builder::new()
+                .name("uerl-resolve".into())
+                .spawn(move || {
+                    let _ = found.send(name.to_socket_addrs().map(Iterator::collect));
+                })
+                .map_err(|e| (UNAVAILABLE, format!("cannot resolve {address}: no thread for the lookup: {e}")))?;
+            pending.insert(lookup)
+        }
+    };
+    let result = match tokio::time::timeout_at(deadline, lookup).await {
+        Err(_) => return Err((DEADLINE_EXCEEDED, format!("deadline exceeded while resolving {address}"))),
+        Ok(result) => result,
+    };
+    *pending = None;
+    match result {
+        Ok(Ok(addrs)) => Ok(addrs),
+        Ok(Err(e)) => Err((UNAVAILABLE, format!("cannot resolve {address}: {e}"))),
+        Err(_) => Err((UNAVAILABLE, format!("cannot resolve {address}: the lookup's thread ended"))),
+    }
+}
+
 /// A connection that completed the HTTP/2 handshake and answered a PING: over the game's
-/// Unix socket when it offers one (`local_socket`), else over TCP.
-async fn open(address: &str, deadline: tokio::time::Instant) -> Result<Conn, Failure> {
+/// Unix socket when it offers one (`local_socket`) and a process of `uid` serves it,
+/// else over TCP.
+async fn open(address: &str, deadline: tokio::time::Instant, uid: u32, pending: &mut Option<Lookup>) -> Result<Conn, Failure> {
     if let Some(name) = crate::local_socket::name_for_address(address) {
         // Nothing listening there fails at once (ECONNREFUSED): then TCP. So does a
         // socket served by another user: any process may take an abstract name, so only
         // one of ours is trusted with the game's traffic.
         if let Ok(Ok(unix)) = tokio::time::timeout_at(deadline, tokio::net::UnixStream::connect(&name)).await {
-            if crate::local_socket::served_by_us(&unix) {
+            if crate::local_socket::served_by(&unix, uid) {
                 if let Opened::Ready(conn) = handshake(unix, address, "unix", deadline).await? {
                     return Ok(conn);
                 }
             }
         }
     }
-    let addrs: Vec<SocketAddr> = address
-        .to_socket_addrs()
-        .map_err(|e| (UNAVAILABLE, format!("cannot resolve {address}: {e}")))?
-        .collect();
+    let addrs = resolve(address, deadline, pending).await?;
     let mut last = (UNAVAILABLE, format!("{address} resolves to nothing"));
     for addr in addrs {
         let tcp = match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await {
@@ -361,7 +377,7 @@ async fn attempt(conn: &Conn, call: &Call<'_>) -> Result<Vec<u8>, Attempt> {
         let chunk = chunk.map_err(|e| h2_failure(&e))?;
         let _ = body.flow_control().release_capacity(chunk.len());
         data.extend_from_slice(chunk.chunk());
-        check_prefix(&data, call.max).map_err(Attempt::Failed)?;
+        crate::grpc::check_arriving(&data, call.max, "reply").map_err(Attempt::Failed)?;
     }
     let trailers = body.trailers().await.map_err(|e| h2_failure(&e))?;
     if let Some(trailers) = &trailers {
@@ -379,7 +395,10 @@ async fn attempt(conn: &Conn, call: &Call<'_>) -> Result<Vec<u8>, Attempt> {
 struct Shared {
     runtime: Runtime,
     conn: Mutex<Option<Conn>>,
-    connecting: Mutex<()>,
+    /// Held while a connection opens (so calls that start together share one), with the
+    /// name lookup still under way, if any. Each caller waits for it until its own
+    /// deadline only: an async lock, taken under that deadline.
+    connecting: tokio::sync::Mutex<Option<Lookup>>,
     in_flight: AtomicUsize,
     /// When the last call ended, in ns since `epoch`.
     last_end_ns: AtomicU64,
@@ -459,6 +478,9 @@ pub struct Channel {
     driver: Mutex<Option<JoinHandle<()>>>,
     /// Each method's URI, parsed once.
     uris: Mutex<HashMap<String, Uri>>,
+    /// The user a game's local socket must be served by to be used: this process's
+    /// (`_trust_local_socket_of` changes it, for tests).
+    local_uid: AtomicU32,
 }
 
 impl Channel {
@@ -475,17 +497,23 @@ impl Channel {
     }
 
     /// The live connection, or a new one: one at a time, so calls that start together
-    /// from several threads share one connection (and its stream limit).
+    /// from several threads share one connection (and its stream limit). A caller waits
+    /// for another's attempt only until its own deadline.
     fn connect(&self, deadline: Instant) -> Result<Conn, Failure> {
         let shared = &self.shared;
-        let _one = shared.connecting.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(conn) = shared.live() {
-            return Ok(conn);
-        }
         let at = tokio::time::Instant::from_std(deadline);
-        let conn = shared.runtime.block_on(open(&self.address, at))?;
-        shared.set(Some(conn.clone()));
-        Ok(conn)
+        let uid = self.local_uid.load(Ordering::Relaxed);
+        shared.runtime.block_on(async {
+            let mut pending = tokio::time::timeout_at(at, shared.connecting.lock()).await.map_err(|_| {
+                (DEADLINE_EXCEEDED, "deadline exceeded while another call was connecting".to_string())
+            })?;
+            if let Some(conn) = shared.live() {
+                return Ok(conn);
+            }
+            let conn = open(&self.address, at, uid, &mut pending).await?;
+            shared.set(Some(conn.clone()));
+            Ok(conn)
+        })
     }
 
     fn call_blocking(&self, method: &str, request: &[u8], timeout: Duration) -> Result<Vec<u8>, Failure> {
@@ -494,11 +522,9 @@ impl Channel {
         let _in_flight = InFlight::start(shared);
         let deadline = Instant::now() + timeout;
         let uri = self.uri(method)?;
-        let mut framed = BytesMut::with_capacity(request.len() + 5);
-        framed.extend_from_slice(&[0]);
-        framed.extend_from_slice(&(request.len() as u32).to_be_bytes());
-        framed.extend_from_slice(request);
-        let call = Call { uri: &uri, body: framed.freeze(), timeout: grpc_timeout(timeout), max: self.max_message_bytes };
+        // Over the limit, nothing is sent: gRPC's client refuses such a message too.
+        let body = crate::grpc::frame(request, self.max_message_bytes, "request")?;
+        let call = Call { uri: &uri, body, timeout: grpc_timeout(timeout), max: self.max_message_bytes };
         let mut retries = 0;
         loop {
             let conn = match shared.live() {
@@ -552,10 +578,11 @@ impl Channel {
         }
     }
 
-    /// `call` for Rust callers: the reply's bytes, or `RpcError`. A panic anywhere below
-    /// becomes INTERNAL: it must not reach Python as a `PanicException`.
+    /// `call` for Rust callers: the reply's bytes, or `RpcError` (`ValueError` for a
+    /// timeout that is no number of seconds). A panic anywhere below becomes INTERNAL: it
+    /// must not reach Python as a `PanicException`.
     pub fn call_bytes(&self, py: Python<'_>, method: &str, request: &[u8], timeout_s: f64) -> PyResult<Vec<u8>> {
-        let timeout = Duration::from_secs_f64(timeout_s.clamp(0.001, 1e9));
+        let timeout = timeout_arg(timeout_s)?.max(Duration::from_millis(1));
         let result = py.allow_threads(|| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.call_blocking(method, request, timeout)))
                 .unwrap_or_else(|_| {
@@ -565,6 +592,37 @@ impl Channel {
         });
         result.map_err(|(code, details)| RpcError::new_err((code, details)))
     }
+
+    /// `wait_ready` with the GIL released: one connection attempt after another, each
+    /// under the whole deadline, with a growing pause between them.
+    fn wait_ready_blocking(&self, timeout: Duration, timeout_s: f64) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let attempt_deadline = deadline.max(Instant::now() + Duration::from_millis(1));
+            match self.connect(attempt_deadline) {
+                Ok(_) => return Ok(()),
+                Err((_, err)) => {
+                    if Instant::now() + backoff >= deadline {
+                        return Err(format!("no HTTP/2 connection within {timeout_s} s: {err}"));
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+}
+
+/// A timeout argument as a duration: a finite number of seconds, 0 or more (a NaN would
+/// make no deadline at all, and panic on the way to one).
+fn timeout_arg(timeout_s: f64) -> PyResult<Duration> {
+    if !timeout_s.is_finite() || timeout_s < 0.0 {
+        return Err(PyValueError::new_err(format!(
+            "timeout_s must be a finite number of seconds, 0 or more: got {timeout_s}"
+        )));
+    }
+    Ok(Duration::from_secs_f64(timeout_s.min(1e9)))
 }
 
 #[pymethods]
@@ -586,7 +644,7 @@ impl Channel {
         let shared = Arc::new(Shared {
             runtime,
             conn: Mutex::new(None),
-            connecting: Mutex::new(()),
+            connecting: tokio::sync::Mutex::new(None),
             in_flight: AtomicUsize::new(0),
             last_end_ns: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -606,32 +664,27 @@ impl Channel {
             shared,
             driver: Mutex::new(Some(driver)),
             uris: Mutex::new(HashMap::new()),
+            local_uid: AtomicU32::new(crate::local_socket::own_uid()),
         })
     }
 
     /// Connect, retrying with backoff until `timeout_s`: a game may still be starting.
     fn wait_ready(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        let timeout = timeout_arg(timeout_s)?;
         if self.shared.live().is_some() {
             return Ok(());
         }
         let result = py.allow_threads(|| {
-            let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.clamp(0.0, 1e9));
-            let mut backoff = Duration::from_millis(20);
-            loop {
-                let attempt_deadline = deadline.max(Instant::now() + Duration::from_millis(1));
-                match self.connect(attempt_deadline) {
-                    Ok(_) => return Ok(()),
-                    Err((_, err)) => {
-                        if Instant::now() + backoff >= deadline {
-                            return Err(format!("no HTTP/2 connection within {timeout_s} s: {err}"));
-                        }
-                        std::thread::sleep(backoff);
-                        backoff = (backoff * 2).min(Duration::from_millis(500));
-                    }
-                }
-            }
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.wait_ready_blocking(timeout, timeout_s)))
+                .unwrap_or_else(|_| Err("the client failed while connecting (a bug: please report it)".into()))
         });
         result.map_err(|msg| RpcError::new_err((UNAVAILABLE, msg)))
+    }
+
+    /// For tests: use a game's local socket only when a process of `uid` serves it (by
+    /// default this process's own user), to play a client of another user's.
+    fn _trust_local_socket_of(&self, uid: u32) {
+        self.local_uid.store(uid, Ordering::Relaxed);
     }
 
     /// One unary call, e.g. `call("/Schola.GymService/UpdateState", request, 60.0)`.
