@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import string
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -49,6 +51,10 @@ DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 # Kubernetes resource.Quantity, e.g. 500m, 2, 1.5, 4Gi, 1e3.
 QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# CPUs of one container, at most: no node offers more (the largest cloud machines have
+# 448 to 896 vCPUs), so a larger figure is a typo (`1e9`) that would leave every pod
+# pending for ever rather than a real request.
+MAX_CPUS = 1024
 
 Pattern = Literal["sidecar", "networked"]
 
@@ -87,6 +93,17 @@ class FieldError(ValueError):
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1 in a number field; `--set workers.replicas=true` (or
+        # `replicas: yes` in YAML) is a mistake, not one replica.
+        if isinstance(value, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            if annotation in (int, float) or set(typing.get_args(annotation)) & {int, float}:
+                raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
+
 
 def _dns_label(value: str, *, max_len: int = 63) -> str:
     if len(value) > max_len or not DNS1123_LABEL.match(value):
@@ -98,8 +115,11 @@ def _dns_label(value: str, *, max_len: int = 63) -> str:
 
 
 def _quantity(value: str) -> str:
-    if not QUANTITY.match(value):
+    match = QUANTITY.match(value)
+    if not match:
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 512Mi, 4Gi, 500m, 2)")
+    if float(match.group(1)) == 0:  # every quantity here is a size a container needs
+        raise ValueError(f"{value!r} is zero: give a size (e.g. 512Mi, 4Gi)")
     return value
 
 
@@ -132,6 +152,23 @@ class Toleration(_Spec):
     # With `NoExecute`: how long a pod stays on a node after the taint appears.
     toleration_seconds: int | None = Field(default=None, ge=0)
 
+    @model_validator(mode="after")
+    def _operator_fits(self) -> Toleration:
+        # The API server refuses these at `pulumi up`, after other objects were created.
+        if self.operator == "Exists" and self.value is not None:
+            raise FieldError(
+                ("value",),
+                f"operator Exists tolerates every value of the taint: leave out value "
+                f"{self.value!r}, or use operator Equal",
+            )
+        if self.operator == "Equal" and self.key is None:
+            raise FieldError(
+                ("key",),
+                "operator Equal needs the taint's key (operator Exists without a key "
+                "tolerates every taint)",
+            )
+        return self
+
     def to_k8s(self) -> dict[str, Any]:
         out: dict[str, Any] = {"operator": self.operator}
         for key, value in (
@@ -149,7 +186,7 @@ class HeadSpec(_Spec):
     """The Ray head pod. It schedules no work (num-cpus 0): these are its container's size."""
 
     # CPUs of the head container (requests = limits).
-    cpus: float = Field(default=1, gt=0)
+    cpus: float = Field(default=1, gt=0, le=MAX_CPUS)
     # Memory of the head container, a Kubernetes quantity.
     memory: Quantity = "4Gi"
 
@@ -176,7 +213,7 @@ class RaySpec(_Spec):
 
 class _NodeGroupSpec(_Spec):
     # CPUs of each node's Ray container (requests = limits; fractions become millicores).
-    cpus: float = Field(default=1, gt=0)
+    cpus: float = Field(default=1, gt=0, le=MAX_CPUS)
     # Memory of each node's Ray container, a Kubernetes quantity.
     memory: Quantity = "2Gi"
     # Node labels the group's pods must be scheduled on.
@@ -196,7 +233,7 @@ class LearnerSpec(_NodeGroupSpec):
     # X: how many learner nodes (one RLlib learner each); 0 learns on the driver.
     replicas: int = Field(default=1, ge=0, le=256)
     # CPUs of each learner's Ray container (requests = limits).
-    cpus: float = Field(default=2, gt=0)
+    cpus: float = Field(default=2, gt=0, le=MAX_CPUS)
     # Memory of each learner's Ray container, a Kubernetes quantity.
     memory: Quantity = "4Gi"
     # `nvidia.com/gpu` per learner.
@@ -287,7 +324,7 @@ class SimulatorSpec(_Spec):
     # The image running that forwarder (its `python`, standard library only).
     forwarder_image: Text = FORWARDER_IMAGE
     # CPUs of the game container (requests = limits).
-    cpus: float = Field(default=2, gt=0)
+    cpus: float = Field(default=2, gt=0, le=MAX_CPUS)
     # Memory of the game container, a Kubernetes quantity.
     memory: Quantity = "4Gi"
     # `nvidia.com/gpu` of the game container.

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -236,6 +238,26 @@ def readme_local_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
         time.monotonic() - started,
         args=("make", "local", "RAY_AUTH_MODE=token"),
     )
+
+
+class _Web(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def web_server() -> Iterator[str]:
+    """An HTTP/1 server on a loopback port: something listening that is neither a game nor
+    Ray (for the errors that must say what they found there)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Web)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
 
 
 # ------------------------------------------------------------------ environment

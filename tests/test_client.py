@@ -249,6 +249,17 @@ def test_step_after_close_fails_without_touching_the_network(mock_ue: MockFactor
         _step(client, [{"agent_0": 0}])
 
 
+def test_a_call_without_a_session_names_its_own_operation(mock_ue: MockFactory) -> None:
+    # Before: every operation's not-connected error named UpdateState.
+    client = _client(mock_ue("CartPole-v1"))
+    with pytest.raises(UEConnectionError) as info:
+        client.training_definition()
+    assert info.value.operation == "RequestTrainingDefinition"
+    assert str(info.value).endswith(
+        "is not connected for RequestTrainingDefinition (session closed or never opened)"
+    )
+
+
 def test_unreachable_endpoint_fails_within_the_startup_timeout(closed_port: int) -> None:
     client = GymClient(f"127.0.0.1:{closed_port}", startup_timeout_s=1.0)
     start = time.monotonic()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_export import game_for, modules_for
@@ -14,12 +15,15 @@ from test_export import game_for, modules_for
 from training.commands.training_options import add_training_args, options_from_args
 from training.mock_ue.scenarios import TWO_TEAMS
 from training.policies.configurations import PolicyConfigurationError
+from training.policies.game_spec import GameSpec
+from training.probe.discovery import discover
 from training.rllib.algorithm import build_ppo_config, path_of, policy_names
-from training.rllib.env_runner import UEConnection, UEEnvRunner
+from training.rllib.env_runner import UEConnection, UEEnvRunner, UEGameRunner
 from training.rllib.single_agent import SINGLE_AGENT_POLICY_KEY, UESingleAgentEnvRunner
 from training.run import checkpoints
 from training.run.driver import TrainOptions, _env_runner
 from training.run.metrics import IterationRow
+from training.run.runner_health import RunnerHealthBoard
 from training.run.tensorboard import scalars_for
 
 CONNECTION = UEConnection(url_template="127.0.0.1", port=50051)
@@ -149,3 +153,50 @@ def test_resume_with_another_runner_is_refused_naming_both(tmp_path: Path) -> No
     refused = r"--env-runner single_agent.*--env-runner multi_agent"
     with pytest.raises(checkpoints.CheckpointError, match=refused):
         _env_runner(options)
+
+
+# -- a one-agent game that leaves its agent out of a step -----------------------------
+
+
+def _drop_agent_of_env_1(request: Any, state: Any) -> None:
+    if request.WhichOneof("update") == "step":
+        del state.training_state.environment_states[1].agent_states["agent_0"]
+
+
+class _NoRayShared:
+    """Stands in for the run's shared health (a Ray KV) on a runner built in-process."""
+
+    def publish(self, runner_index: int, down_since: float | None) -> None:
+        pass
+
+    def every_game_down_for(self, limit_s: float) -> bool:
+        return False
+
+
+def test_a_step_without_the_agent_refuses_the_run_naming_the_environment_and_the_flag(
+    mock_ue: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the runner took the protocol error for a game fault, reconnected, failed the
+    # same way, and so on for ever; the driver never gave up.
+    monkeypatch.setattr(UEGameRunner, "_shared", _NoRayShared())  # a fault would ask Ray
+    server = mock_ue(num_envs=2, on_reply=_drop_agent_of_env_1)
+    game = GameSpec.of(discover(server.address, timeout_s=5))
+    connection = UEConnection(url_template="127.0.0.1", port=server.port, startup_timeout_s=5)
+    config = build_ppo_config(game, connection, num_env_runners=1)
+    sessions_before = server.stats.sessions_opened  # discovery's
+    runner = UESingleAgentEnvRunner(config=config, worker_index=1)
+    try:
+        returned = [e for _ in range(3) for e in runner.sample(num_timesteps=20)]
+        report = runner.game_health()
+    finally:
+        runner.stop()
+    assert returned == []
+    assert report["healthy"] and report["faults"] == 0  # not a fault: no reconnects
+    assert server.stats.sessions_opened == sessions_before + 1
+    assert "environment 1: no state for agent 'agent_0'" in report["refused"]
+    assert "--env-runner multi_agent" in report["refused"]
+    board = RunnerHealthBoard(1, give_up_after_s=300)
+    board.update([report])
+    reason = board.give_up_reason()
+    assert reason is not None and reason.startswith(f"env runner 1 ({server.address}): ")
+    assert "--env-runner multi_agent" in reason and "\n" not in reason

@@ -206,3 +206,37 @@ def test_report_json_round_trips_and_prints_one_row_per_policy() -> None:
     rows = [line.split()[0] for line in report.table().splitlines()[2:]]
     assert rows == ["cart", "pendulum"]
     assert "deterministic actions" in report.table()
+
+
+# --------------------------------------------------------------- a failed evaluation
+
+
+@pytest.mark.parametrize("output", [None, "elsewhere/report.json"])
+def test_a_failed_evaluation_says_so_and_writes_nothing_into_the_checkpoint(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    output: str | None,
+) -> None:
+    # Before: "training failed", and its traceback in the user's checkpoint folder.
+    from training.run import eval_outcome, evaluation
+    from training.run.evaluation import EvalOptions
+
+    checkpoint = tmp_path / "checkpoint_000001"
+    checkpoint.mkdir()
+    report = tmp_path / output if output else checkpoint / "eval.json"
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the algorithm could not be built")
+
+    monkeypatch.setattr(evaluation, "run_eval", fails)
+    options = EvalOptions(checkpoint=checkpoint, report_path=report)
+    assert eval_outcome.eval_and_report(endpoints(), options, prog="uerl eval") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("uerl eval: evaluation failed: RuntimeError: the algorithm could not")
+    assert list(checkpoint.iterdir()) == []
+    written = Path(err.split("full traceback: ")[1].strip())
+    assert written.is_file() and "RuntimeError" in written.read_text()
+    if output:
+        assert written == report.with_name("eval-traceback.txt")
+    written.unlink()

@@ -3,6 +3,7 @@ the game-port forwarder (TCP on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ import tempfile
 import threading
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from forwarder_thread import start_forwarder
@@ -109,6 +111,32 @@ def test_loader_unpacks_into_a_volume_whose_root_it_does_not_own(tmp_path: Path)
         shutil.rmtree(shared)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes root-owned files for another user")
+def test_loader_leaves_alone_what_it_does_not_own_such_as_lost_and_found(tmp_path: Path) -> None:
+    """An ext4 volume (an NFS export often) has a root-owned lost+found the loader, running
+    as the game's user, can neither chmod nor enter: before, `find` exited 1 under
+    `set -eu` and the Job (and `pulumi up`) failed."""
+    shared = Path(tempfile.mkdtemp(prefix="uerl-loader-"))  # reachable by another uid
+    try:
+        shared.chmod(0o755)
+        archive = shared / "game.zip"
+        windows_zip(archive, ["Game.sh", "Game/Binaries/Linux/Game"])
+        (shared / "ue").mkdir()
+        (shared / "ue").chmod(0o777)
+        lost = shared / "ue" / "lost+found"
+        lost.mkdir(mode=0o700)
+        (lost / "#1234").write_text("a fragment fsck found")
+        (shared / "ue" / "notes.txt").write_text("copied in by hand, as root")
+        (shared / "ue" / "notes.txt").chmod(0o600)
+        dest = run_loader(shared, archive, user=UNREAL_UID)  # asserts exit status 0
+        assert os.access(dest / "Game/Binaries/Linux/Game", os.X_OK)
+        assert stat.S_IMODE(lost.stat().st_mode) == 0o700
+        assert stat.S_IMODE((dest / "notes.txt").stat().st_mode) == 0o600
+        assert (dest / READY_MARKER).is_file()
+    finally:
+        shutil.rmtree(shared)
+
+
 # -- forwarder: a loopback-bound game served on another port ---------------------------------
 
 
@@ -195,4 +223,35 @@ def test_forwarder_runs_as_python_c_with_port_arguments_like_the_pod() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+        game.sock.close()
+
+
+def test_forwarder_survives_a_failed_accept_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: an OSError from accept (EMFILE: out of file descriptors) ended the forwarder.
+    import asyncio.selector_events as selector_events
+
+    real_accept = selector_events.BaseSelectorEventLoop.sock_accept
+    failures = [OSError(errno.EMFILE, "Too many open files")] * 3
+
+    async def sock_accept(self: Any, sock: socket.socket) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real_accept(self, sock)
+
+    monkeypatch.setattr(selector_events.BaseSelectorEventLoop, "sock_accept", sock_accept)
+    monkeypatch.setattr(forwarder, "ACCEPT_RETRY_S", 0.05)
+    game = Upstream()
+    port, loop, task = start_forwarder(game.port)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            client.sendall(b"ping")
+            assert client.recv(4) == b"PING"
+        err = capsys.readouterr().err
+        assert "forwarder: accepting a connection failed ([Errno 24] Too many open files)" in err
+        assert "forwarder: accepting connections again" in err
+        assert err.count("accepting a connection failed") == 1  # one line per streak
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
         game.sock.close()

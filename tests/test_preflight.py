@@ -239,3 +239,37 @@ def test_other_ray_client_failures_and_a_second_one_are_not_retried(
         with _ray_client_listener() as sock, pytest.raises(ConnectionAbortedError):
             pf.connect_ray(f"ray://127.0.0.1:{sock.getsockname()[1]}", timeout_s=5)
         assert len(calls) == attempts
+
+
+# -- something listening at the GCS address that is not Ray's GCS ------------------------
+
+
+def _with_gcs(address: str) -> Endpoints:
+    return local_endpoints(Topology.parse({}), gcs_address=address, client_port=1, base_port=1)
+
+
+def test_an_http_server_at_the_gcs_address_fails_preflight_at_once(web_server: str) -> None:
+    # Before: ray.init retried against it for over 150 s, past --preflight-timeout.
+    message, elapsed = timed_failure(_with_gcs(web_server), timeout_s=5)
+    assert message.startswith(f"Ray GCS {web_server} is not a gRPC server")
+    assert elapsed < 5 and not ray.is_initialized()
+
+
+def test_a_grpc_server_that_is_not_ray_at_the_gcs_address_fails_preflight(game: str) -> None:
+    message, elapsed = timed_failure(_with_gcs(game), timeout_s=5)
+    assert message.startswith(f"Ray GCS {game} is a gRPC server but not Ray's GCS")
+    assert elapsed < 5 and not ray.is_initialized()
+
+
+def test_a_silent_listener_at_the_gcs_address_fails_preflight_within_its_timeout() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        message, elapsed = timed_failure(_with_gcs(address), timeout_s=2)
+    assert message.startswith(f"Ray GCS {address} accepts TCP but did not answer")
+    assert elapsed < 2 + 2 and not ray.is_initialized()
+
+
+def test_the_gcs_handshake_passes_against_rays_gcs(cluster: LocalRayCluster) -> None:
+    from training.probe.preflight import gcs_handshake
+
+    gcs_handshake(cluster.address, timeout_s=10)

@@ -327,6 +327,12 @@ class _Manager:
         self.added += actors
         self._next_id += len(actors)
 
+    def actors(self) -> dict[int, Any]:
+        return {}
+
+    def remove_actor(self, actor_id: int) -> Any:
+        return None
+
 
 class _Group:
     def __init__(self) -> None:
@@ -424,3 +430,129 @@ def test_a_grow_whose_worker_nodes_fail_stops_the_games_it_started(tmp_path: Pat
     with pytest.raises(RuntimeError, match="worker3 exited"):
         scaler.scale(3)
     assert games.names == ["ue-1"] and scaler.endpoints.num_env_runners == 1
+
+
+# -- a sidecar shrink when Ray's state API fails ------------------------------------------
+
+
+class _ShrinkManager:
+    def __init__(self, actor_ids: list[int]) -> None:
+        self._actors = {aid: object() for aid in actor_ids}
+
+    def actors(self) -> dict[int, Any]:
+        return self._actors
+
+
+class _Pool:
+    def __init__(self, runners: list[Runner]) -> None:
+        self.runners = {r.actor_id: r for r in runners}
+        self.group = type("Group", (), {"_worker_manager": _ShrinkManager(list(self.runners))})()
+
+
+def _shrinking_sidecar(tmp_path: Path, *, running: int, wanted: int) -> tuple[Any, list[str]]:
+    from training.rescale.rescaler import Rescaler
+
+    lines: list[str] = []
+    rescaler = Rescaler.__new__(Rescaler)  # the shrink's decision alone: no Ray, no RLlib
+    rescaler.endpoints = Topology.parse({"workers": {"replicas": wanted}}).endpoints()
+    rescaler.pool = _Pool(runners(*range(1, running + 1)))
+    rescaler.log = lines.append
+    rescaler.events_path = tmp_path / "events.jsonl"
+    rescaler._shrink_since = None
+    return rescaler, lines
+
+
+def test_a_shrink_by_slot_because_the_state_api_failed_says_so_in_the_log_and_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the highest slots left silently (a warning in Ray's log only).
+    import ray
+
+    from training.probe import preflight
+    from training.probe.preflight import NodeRoom
+
+    def state_api_down() -> list[Any]:
+        raise RuntimeError("the dashboard is not answering")
+
+    monkeypatch.setattr(ray, "nodes", state_api_down)
+    # KubeRay already deleted one pod: the cluster has the 2 units of the 2 games wanted.
+    rooms = [NodeRoom(f"n{i}", "10.0.0.1", 1, 0, 1, custom_total=1) for i in range(2)]
+    monkeypatch.setattr(preflight, "node_rooms", lambda resource: rooms)
+    rescaler, lines = _shrinking_sidecar(tmp_path, running=3, wanted=2)
+    plan = rescaler._tied_plan()
+    assert [r.slot for r in plan.remove] == [3]
+    assert lines == [
+        "rescale: Ray's state API did not say which env runners' pods went (RuntimeError: "
+        "the dashboard is not answering); removing the runners of the highest slots"
+    ]
+    (event,) = [json.loads(line) for line in rescaler.events_path.read_text().splitlines()]
+    assert event["kind"] == "shrink_by_slot" and event["reason"] == "state_api_failed"
+
+
+def test_a_shrink_past_the_settle_time_says_so_in_the_log_and_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ray
+
+    from training.probe import preflight
+    from training.probe.preflight import NodeRoom
+    from training.rescale import rescaler as rescaler_module
+
+    monkeypatch.setattr(ray, "nodes", lambda: [])
+    monkeypatch.setattr("ray.util.state.get_actor", lambda **kw: None)
+    # Three units still, for two games: KubeRay has not deleted a pod.
+    rooms = [NodeRoom(f"n{i}", "10.0.0.1", 1, 0, 1, custom_total=1) for i in range(3)]
+    monkeypatch.setattr(preflight, "node_rooms", lambda resource: rooms)
+    rescaler, lines = _shrinking_sidecar(tmp_path, running=3, wanted=2)
+    rescaler.pool.group._worker_manager._actors = {}  # no actor known to have left
+    rescaler._shrink_since = -rescaler_module.SHRINK_SETTLE_S  # long ago
+    plan = rescaler._tied_plan()
+    assert [r.slot for r in plan.remove] == [3]
+    assert lines[0].startswith("rescale: the cluster still has 3 unit(s) of 'ue_worker'")
+    (event,) = [json.loads(line) for line in rescaler.events_path.read_text().splitlines()]
+    assert event["kind"] == "shrink_by_slot" and event["reason"] == "settle_timeout"
+
+
+# -- RLlib internals the runner pool relies on -------------------------------------------
+
+
+def test_the_rllib_internals_the_runner_pool_uses_are_where_it_expects_them() -> None:
+    # A Ray upgrade that moves one fails here, naming it (not in the middle of a rescale).
+    import inspect
+    import re
+
+    from ray.rllib.env.env_runner_group import EnvRunnerGroup
+    from ray.rllib.utils.actor_manager import FaultTolerantActorManager
+
+    from training.rescale.runner_pool import RLLIB_INTERNALS
+
+    group_source = inspect.getsource(EnvRunnerGroup)
+    missing = [
+        f"EnvRunnerGroup.{name}"
+        for name in RLLIB_INTERNALS["EnvRunnerGroup"]
+        # A method, or an attribute its constructor (or setup) assigns.
+        if not hasattr(EnvRunnerGroup, name)
+        and not re.search(rf"self\.{name}\s*(:[^=\n]*)?=[^=]", group_source)
+    ]
+    manager = FaultTolerantActorManager()  # no actors: needs no Ray
+    missing += [
+        f"FaultTolerantActorManager.{name}"
+        for name in RLLIB_INTERNALS["FaultTolerantActorManager"]
+        if not hasattr(manager, name)
+    ]
+    assert missing == [], f"RLlib moved what RunnerPool uses: {', '.join(missing)}"
+
+
+def test_a_runner_pool_on_an_rllib_without_one_of_them_stops_naming_it() -> None:
+    from ray.rllib.utils.actor_manager import FaultTolerantActorManager
+
+    from training.rescale.runner_pool import RLlibInternalsChanged, RunnerPool
+
+    class MovedGroup:  # as if a Ray upgrade renamed _make_worker
+        _worker_manager = FaultTolerantActorManager()
+        _remote_config_obj_ref = None
+        _env_creator = None
+
+    algo = type("Algo", (), {"env_runner_group": MovedGroup()})()
+    with pytest.raises(RLlibInternalsChanged, match=r"has no EnvRunnerGroup\._make_worker: "):
+        RunnerPool(algo, registry=None)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@ path), the same game as `UEVectorEnv` gives the multi-agent runner, only batched
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -172,3 +173,36 @@ def test_close_ends_the_game_session(mock_ue: MockFactory) -> None:
     env = _view(server)
     env.close()
     assert server.stats.sessions_closed == 1
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda s: s.training_state.environment_states.pop(),  # one environment too few
+        lambda s: setattr(
+            s.training_state.environment_states[1].agent_states["agent_0"], "reward", math.nan
+        ),
+        lambda s: s.ClearField("training_state"),
+    ],
+    ids=["environment_count", "nan_reward", "missing_training_state"],
+)
+def test_a_bad_step_reply_is_the_same_error_on_both_paths(
+    mock_ue: MockFactory, mutate: Callable[[pb.State], None]
+) -> None:
+    # The single-agent path checks a reply with the multi-agent env's own checks.
+    def on_reply(request: pb.StateUpdate, state: pb.State) -> None:
+        if request.WhichOneof("update") == "step":
+            mutate(state)
+
+    errors = []
+    for single_agent in (False, True):
+        game = UEVectorEnv(mock_ue(num_envs=2, on_reply=on_reply).address, startup_timeout_s=5)
+        env: Any = UESingleAgentVectorEnv(game) if single_agent else game
+        try:
+            env.reset(seed=0)
+            with pytest.raises(UEProtocolError) as info:
+                env.step(np.array([0, 0]) if single_agent else [{"agent_0": 0}, {"agent_0": 0}])
+            errors.append(str(info.value).split(" answered ", 1)[1])
+        finally:
+            env.close()
+    assert errors[0] == errors[1]

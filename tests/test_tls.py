@@ -4,8 +4,10 @@ checks it, and every way it can fail is one line naming the endpoint, at once.""
 from __future__ import annotations
 
 import pickle
+import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -382,3 +384,105 @@ def test_uerl_discover_speaks_tls_to_a_tls_game(
     server = mock_ue(**serving(pki["good"]))
     assert discover.main([server.address, "--tls-ca", str(pki["good"].ca), "--json"]) == 0
     assert '"agents"' in capsys.readouterr().out
+
+
+class CountingGame:
+    """A plaintext stand-in game on 127.0.0.1 that counts the connections it accepted."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture
+def counting_game() -> Iterator[CountingGame]:
+    game = CountingGame()
+    yield game
+    game.close()
+
+
+def _silent_client(port: int) -> socket.socket:
+    """A client that connects and never starts its handshake."""
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_forwarder_opens_the_game_connection_only_after_the_handshake(
+    counting_game: CountingGame, pki
+) -> None:
+    # Before: every client got a game connection at once, held through its handshake.
+    context = forwarder.tls_context(str(pki["good"].cert), str(pki["good"].key))
+    port, loop, task = start_forwarder(counting_game.port, tls=context)
+    try:
+        with _silent_client(port):
+            time.sleep(0.3)
+            assert counting_game.accepted == 0
+        client = trusting(pki["good"]).ssl_context()
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            client.wrap_socket(raw, server_hostname="127.0.0.1"),
+        ):
+            deadline = time.monotonic() + 5
+            while counting_game.accepted == 0 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert counting_game.accepted == 1
+    finally:
+        stop_forwarder(loop, task)
+
+
+def test_forwarder_closes_a_client_that_does_not_finish_its_handshake_in_time(
+    counting_game: CountingGame, pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forwarder, "HANDSHAKE_TIMEOUT_S", 0.3)
+    context = forwarder.tls_context(str(pki["good"].cert), str(pki["good"].key))
+    port, loop, task = start_forwarder(counting_game.port, tls=context)
+    try:
+        with _silent_client(port) as client:
+            assert _closed_within(client, FAST_S)
+    finally:
+        stop_forwarder(loop, task)
+
+
+def test_forwarder_relays_at_most_its_cap_at_once_and_says_so(
+    counting_game: CountingGame, pki, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setattr(forwarder, "MAX_CONNECTIONS", 2)
+    context = forwarder.tls_context(str(pki["good"].cert), str(pki["good"].key))
+    port, loop, task = start_forwarder(counting_game.port, tls=context)
+    try:
+        with _silent_client(port) as first, _silent_client(port) as second:
+            time.sleep(0.2)  # both accepted, in their handshakes
+            with _silent_client(port) as third:
+                assert _closed_within(third, FAST_S)
+            assert not _closed_within(first, 0.2) and not _closed_within(second, 0.2)
+        assert "forwarder: 2 connections already relayed; closing new ones" in (
+            capsys.readouterr().err
+        )
+    finally:
+        stop_forwarder(loop, task)

@@ -93,6 +93,22 @@ def test_overrides_merge_with_defaults() -> None:
         ({"executables": {"source_url": "ftp://x/y.zip"}}, "topology.executables.source_url:"),
         ({"operator": {"install": "maybe"}}, "topology.operator.install:"),
         ({"operator": {"namespace": "Kube_Ray"}}, "topology.operator.namespace:"),
+        # Bad input a new user gave (issue 42): each rendered or failed only at `pulumi up`.
+        ({"workers": {"replicas": True}}, "topology.workers.replicas: expected a number, got "),
+        ({"learners": {"gpus": False}}, "topology.learners.gpus: expected a number, got false"),
+        ({"workers": {"cpus": True}}, "topology.workers.cpus: expected a number, got true"),
+        ({"learners": {"memory": 0}}, "topology.learners.memory: '0' is zero"),
+        ({"simulator": {"memory": "0Gi"}}, "topology.simulator.memory: '0Gi' is zero"),
+        ({"workers": {"cpus": 1e9}}, "topology.workers.cpus: Input should be less than or equal"),
+        ({"ray": {"head": {"cpus": 2000}}}, "topology.ray.head.cpus: Input should be less than"),
+        (
+            {"learners": {"tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]}},
+            "topology.learners.tolerations[0].value: operator Exists tolerates every value",
+        ),
+        (
+            {"workers": {"tolerations": [{"value": "x"}]}},
+            "topology.workers.tolerations[0].key: operator Equal needs the taint's key",
+        ),
     ],
 )
 def test_invalid_field_fails_with_one_message_naming_its_config_path(data: Any, path: str) -> None:

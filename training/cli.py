@@ -43,7 +43,10 @@ def _usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:  # no command: usage on stderr, exit 2, as argparse does for a missing one
+        print(_usage(), file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
     name, rest = args[0], args[1:]

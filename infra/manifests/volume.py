@@ -85,11 +85,15 @@ rm -rf "$tmp"
 # An archive made on Windows carries no execute bits, and the games mount this
 # volume read-only: restore them now. Everything readable by the game's user;
 # the launcher, scripts and whatever sits in a Binaries/Linux directory executable.
-# Below the root only: the volume's root belongs to whoever made the volume (root on
-# most storage), and chmod of a file the loader does not own fails.
-find {dest} -mindepth 1 -exec chmod u+rwX,go+rX {{}} +
-find {dest} -type f \\( -name '*.sh' -o -path '*/Binaries/Linux/*' \\) -exec chmod a+x {{}} +
-if [ -f {launcher} ]; then chmod a+x {launcher}; fi
+# Only what the loader owns (what it unpacked), below the root: the volume's root and
+# what else is there belong to whoever made them (root on most storage, and a
+# root-owned lost+found on ext4), and chmod of, or find in, those fails the Job. Those
+# are pruned, not entered.
+uid=$(id -u)
+find {dest} -mindepth 1 ! -user "$uid" -prune -o -exec chmod u+rwX,go+rX {{}} +
+find {dest} -mindepth 1 ! -user "$uid" -prune -o -type f \\( -name '*.sh' -o \\
+  -path '*/Binaries/Linux/*' \\) -exec chmod a+x {{}} +
+if [ -f {launcher} ]; then find {launcher} -user "$uid" -exec chmod a+x {{}} +; fi
 printf '%s' "$url" > {marker}
 echo "unpacked $url into {dest}"
 """

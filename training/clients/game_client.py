@@ -19,11 +19,12 @@ from google.protobuf.message import Message as ProtoMessage
 
 from training.clients.choice import open_transport
 from training.clients.grpcio_transport import CHANNEL_OPTIONS
+from training.clients.unreachable import why_unreachable
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol.errors import UEConnectionError, UEProtocolError
-from training.protocol.transport import MAX_MESSAGE_BYTES, CallError, Transport
+from training.protocol.transport import MAX_MESSAGE_BYTES, RESET, STEP, CallError, Transport
 from training.tls.config import TLSConfig
-from training.tls.handshake import check_handshake, serves_tls
+from training.tls.handshake import check_handshake, split_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class GymClient:
         tls: TLSConfig | None = None,
         transport: str | None = None,
     ) -> None:
+        split_endpoint(endpoint)  # a ValueError naming it, not the transport's own error
         self.endpoint = endpoint
         self.startup_timeout_s = startup_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -81,9 +83,11 @@ class GymClient:
             self._transport = open_transport(self.endpoint, self.tls, self.transport_choice)
         if not self._transport.wait_ready(max(deadline - time.monotonic(), 0.1)):
             self._close_transport()
-            why = "no gRPC connection could be made"
-            if self.tls is None and serves_tls(self.endpoint):
-                why = "it serves TLS and this client connects without: give it the game's CA"
+            why = (
+                why_unreachable(self.endpoint)
+                if self.tls is None
+                else "no gRPC connection could be made"
+            )
             raise UEConnectionError(
                 self.endpoint,
                 "StartGymConnector",
@@ -134,7 +138,7 @@ class GymClient:
         data = self.update_bytes(update.SerializeToString(), operation)
         return parse_state(data, self.endpoint, operation)
 
-    def update_bytes(self, request: bytes, operation: str = "UpdateState(step)") -> bytes:
+    def update_bytes(self, request: bytes, operation: str = STEP) -> bytes:
         """UpdateState with an encoded request; the reply's bytes, for the step codecs."""
         return self._call(operation, request, self.request_timeout_s)
 
@@ -151,17 +155,19 @@ class GymClient:
                 settings.seed = int(seed)
             if options:
                 settings.options.update(options)
-        return self.update(update, "UpdateState(reset)")
+        return self.update(update, RESET)
 
     def step(self, update: pb.StateUpdate) -> pb.State:
-        return self.update(update, "UpdateState(step)")
+        return self.update(update, STEP)
 
     # ------------------------------------------------------------------ internals
 
     def _call(self, operation: str, request: bytes, timeout_s: float) -> bytes:
         if self._transport is None:
             raise UEConnectionError(
-                self.endpoint, "UpdateState", "is not connected (session closed or never opened)"
+                self.endpoint,
+                operation,
+                f"is not connected for {operation} (session closed or never opened)",
             )
         method = SERVICE + operation.split("(", 1)[0]
         try:

@@ -14,8 +14,7 @@ from training.clients.game_client import UPDATE_STATE, GymClient
 from training.clients.native_step_codec import NativeStepCodec
 from training.clients.native_transport import NativeTransport, call_error
 from training.protocol.errors import UEProtocolError
-
-STEP = "UpdateState(step)"
+from training.protocol.transport import STEP
 
 
 class NativeVectorStep:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -124,8 +125,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def single_agent_env(env_id: str) -> str:
+    """`env_id` if it is a one-agent gymnasium environment (the `rllib` paths step it
+    in-process with RLlib's single-agent runner); ValueError naming it otherwise."""
+    from training.mock_ue.scenarios import scenario_for
+
+    scenario = scenario_for(env_id)  # ValueError for an unknown id, naming the known ones
+    if len(scenario.slots) != 1 or scenario.joint is not None:
+        agents = [slot.agent_id for slot in scenario.slots]
+        raise ValueError(
+            f"--env {env_id}: a game of {len(agents)} agents ({', '.join(agents)}); the bench "
+            "compares RLlib's single-agent runner, so it takes a one-agent gymnasium id "
+            "(e.g. CartPole-v1)"
+        )
+    return env_id
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        single_agent_env(args.env)  # before any game or runner starts
+    except ValueError as exc:
+        print(f"uerl bench-runner: {exc}", file=sys.stderr)
+        return 2
     figures, game_cpu = run(args.env, args.envs, args.steps, args.rounds)
     base = next(f for f in figures if f.path == "rllib").us_per_step
     width = max(len(label) for label in LABELS.values())

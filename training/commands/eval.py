@@ -41,8 +41,8 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)  # what the user gave, first
-        endpoints = load_endpoints(args.endpoints)
         options = eval_options_from_args(args, checkpoint=checkpoint, ray_address=args.ray_address)
+        endpoints = load_endpoints(args.endpoints)
     except (EndpointsError, CheckpointError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2

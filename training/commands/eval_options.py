@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 from training.commands.arg_types import positive_float, positive_int
+from training.commands.writable import check_writable_file
+from training.run import checkpoints
 from training.run.evaluation import REPORT_NAME, EvalOptions
 
 
@@ -74,11 +76,15 @@ def eval_options_from_args(
     args: argparse.Namespace, *, checkpoint: Path, ray_address: str | None = None
 ) -> EvalOptions:
     default_name = "eval-explore.json" if args.explore else REPORT_NAME
+    report_path = args.output or checkpoint / default_name
+    what = "--output" if args.output else "the report (default: in the checkpoint; --output)"
+    check_writable_file(report_path, what)
+    checkpoints.check_loadable(checkpoint, flag="--checkpoint")
     return EvalOptions(
         checkpoint=checkpoint,
         episodes=args.episodes,
         explore=args.explore,
-        report_path=args.output or checkpoint / default_name,
+        report_path=report_path,
         preflight_timeout_s=args.preflight_timeout,
         request_timeout_s=args.request_timeout,
         fault_wait_s=args.fault_wait,

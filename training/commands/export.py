@@ -55,10 +55,11 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     from training.export.exporter import export_checkpoint, listing
     from training.export.interface import ExportError
-    from training.run.checkpoints import CheckpointError, resolve_checkpoint
+    from training.run.checkpoints import CheckpointError, check_loadable, resolve_checkpoint
 
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)
+        check_loadable(checkpoint, flag="--checkpoint")
     except CheckpointError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2

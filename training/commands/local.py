@@ -21,6 +21,7 @@ the same games (training has released them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -121,13 +122,29 @@ def build_eval_parser() -> argparse.ArgumentParser:
 
 
 def _topology_sets(args: argparse.Namespace) -> list[str]:
+    """--set, then the shorthand flags as --set; a flag and a --set that give one field
+    different values are refused (neither silently wins)."""
+    from infra.config_path import ConfigPathError, parse_path, parse_value
+
+    given: dict[tuple[str | int, ...], tuple[str, object]] = {}
+    for assignment in args.set:
+        path, _, value = assignment.partition("=")
+        with contextlib.suppress(ConfigPathError):  # reported where the topology is built
+            given[tuple(parse_path(path.strip()))] = (assignment, parse_value(value))
     sets = list(args.set)
-    if args.workers is not None:
-        sets.append(f"topology.workers.replicas={args.workers}")
-    if args.learners is not None:
-        sets.append(f"topology.learners.replicas={args.learners}")
-    if args.pattern is not None:
-        sets.append(f"topology.pattern={args.pattern}")
+    for flag, path, value in (
+        ("--workers", "topology.workers.replicas", args.workers),
+        ("--learners", "topology.learners.replicas", args.learners),
+        ("--pattern", "topology.pattern", args.pattern),
+    ):
+        if value is None:
+            continue
+        other = given.get(tuple(path.split(".")))
+        if other is not None and other[1] != value:
+            raise ValueError(
+                f"{flag} {value} and --set {other[0]} both set {path}: give one of them"
+            )
+        sets.append(f"{path}={value}")
     return sets
 
 
@@ -188,11 +205,13 @@ def main(argv: Sequence[str]) -> int:
     from training.local.local_topology import StackConfigError
     from training.rllib.hparams import HyperparameterError
     from training.run.checkpoints import CheckpointError
+    from training.run.driver import check_before_start
 
     try:
         topology = _load_topology(args)
         _needs_a_game(topology)
         options = options_from_args(args, name=f"local-{topology.name}")
+        check_before_start(options, num_learners=topology.learners.replicas)
         # The session rewrites it on `uerl local scale`; the training follows it.
         options = options.model_copy(update={"endpoints_file": options.run_dir / "endpoints.json"})
         if args.eval_episodes is not None and args.eval_episodes < 1:

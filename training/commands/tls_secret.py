@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.commands.arg_types import positive_float
+from training.commands.writable import check_writable_dir
 
 PROG = "uerl tls-secret"
 
@@ -47,6 +48,11 @@ def main(argv: Sequence[str]) -> int:
         return 2
     if args.days <= 0:
         print(f"{PROG}: --days must be positive, not {args.days:g}", file=sys.stderr)
+        return 2
+    try:
+        check_writable_dir(args.out, "--out")
+    except ValueError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     for name in (certificates.CA_FILE, certificates.CERT_FILE, certificates.KEY_FILE):
         if (args.out / name).exists():

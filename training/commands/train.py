@@ -14,6 +14,7 @@ from infra.endpoints import Endpoints, EndpointsError
 from training.commands.training_options import add_training_args, options_from_args
 from training.rllib.hparams import HyperparameterError
 from training.run.checkpoints import CheckpointError
+from training.run.driver import check_before_start
 from training.run.stop import StopRequest
 
 PROG = "uerl train"
@@ -50,6 +51,7 @@ def main(argv: Sequence[str]) -> int:
             name=endpoints.cluster_name,
             extra={"ray_address": args.ray_address, "endpoints_file": source},
         )
+        check_before_start(options, num_learners=endpoints.num_learners)
     except (EndpointsError, HyperparameterError, CheckpointError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2

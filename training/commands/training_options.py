@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from training.commands.arg_types import int_in, positive_float, positive_int, probability
+from training.commands.writable import check_writable_dir
 from training.policies.configurations import (
     CONFIGURATIONS,
     PolicyConfiguration,
@@ -151,12 +152,12 @@ def merged_hparams(args: argparse.Namespace) -> dict[str, Any]:
         values = hp.load_yaml(args.hparams)
         values.pop(POLICIES_KEY, None)  # not an algorithm setting: see policies_from_args
         layers.append((str(args.hparams), values))
-    flags = {
-        key: getattr(args, flag)
+    # One layer per flag, so an error names the flag.
+    layers += [
+        (f"--{flag.replace('_', '-')}", {key: getattr(args, flag)})
         for flag, key in hp.FLAG_KEYS.items()
         if getattr(args, flag) is not None
-    }
-    layers.append(("flags", flags))
+    ]
     layers.append(("--hp", dict(hp.parse_assignment(a) for a in args.hp)))
     return hp.merge(args.algo, *layers)
 
@@ -182,8 +183,12 @@ def options_from_args(
 ) -> TrainOptions:
     run_dir = args.run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     checkpoint_dir = args.checkpoint_dir or run_dir / "checkpoints"
-    if args.resume is not None:
-        checkpoints.resolve(args.resume, checkpoint_dir)  # fail before starting anything
+    if args.resume is not None:  # fail before starting anything
+        resumed = checkpoints.resolve(args.resume, checkpoint_dir)
+        checkpoints.read_meta(resumed)
+        checkpoints.check_pickles(resumed, flag="--resume")
+    check_writable_dir(run_dir, "--run-dir")
+    check_writable_dir(checkpoint_dir, "--checkpoint-dir")
     return TrainOptions(
         algo=args.algo,
         iterations=args.iterations,

@@ -11,6 +11,7 @@ call, Python loops only over environments.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -390,6 +391,8 @@ class MockUEServer:
 
     def start(self) -> int:
         """Bind and serve; returns the bound port (port 0 picks a free one)."""
+        if self.requested_port != 0:
+            _check_port_free(self.host, self.requested_port)
         if self.transport == "native":
             import uerl_native
 
@@ -417,9 +420,9 @@ class MockUEServer:
             else:
                 port = server.add_secure_port(address, self._server_credentials())
         except RuntimeError as exc:
-            raise OSError(f"mock-ue cannot bind {address}: {exc}") from exc
+            raise OSError(f"cannot bind {address}: {exc}") from exc
         if port == 0:
-            raise OSError(f"mock-ue cannot bind {address}")
+            raise OSError(f"cannot bind {address}")
         server.start()
         for name in ("", SERVICE_NAME):
             self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -583,3 +586,20 @@ class MockUEServer:
         if self.on_reply is not None:
             self.on_reply(request, state)
         return state
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """OSError naming the address if something listens there. gRPC Python binds with
+    SO_REUSEPORT (a second server would share the port with a live game, or fail with a
+    C-core log line and no reason): a plain bind says it plainly first."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot bind {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise OSError(f"cannot bind {host}:{port}: {exc.strerror}") from None

@@ -59,6 +59,22 @@ def policy_mapping(
     return {aid: spec.policy_id(aid) for aid, spec in sorted(agents.items())}
 
 
+def check_fits(configuration: PolicyConfiguration, *, algo: str, num_learners: int) -> None:
+    """What a configuration asks of the algorithm and the learners, known from the run's
+    arguments before anything starts."""
+    if configuration == "ctde" and algo != "PPO":
+        raise PolicyConfigurationError(
+            f"--policies ctde trains with PPO (its learner builds the shared critic); "
+            f"--algo {algo} is not supported with it"
+        )
+    if configuration == "ctde" and num_learners > 1:
+        raise PolicyConfigurationError(
+            f"--policies ctde trains on one learner (its actors share one critic, which "
+            f"distributed data-parallel learners would each step); the topology has "
+            f"{num_learners} learners: set topology.learners.replicas to 0 or 1"
+        )
+
+
 def _check_one_space(agents: Mapping[str, AgentSpec], configuration: str) -> None:
     from training.protocol.spaces import space_to_json
 

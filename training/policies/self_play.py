@@ -61,20 +61,24 @@ class SelfPlayMapping:
     p_current: float
 
     def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
-        # One draw per episode, the same for every agent of it (and in every process).
-        rng = random.Random(_episode_seed(episode))
-        learner_seat = rng.randrange(len(self.agents))
-        if self.agents.index(str(agent_id)) == learner_seat:
-            return LEARNER
-        if not self.opponents or rng.random() < self.p_current:
-            return LEARNER
-        return rng.choice(self.opponents)
+        seat, opponent = self.draw(episode)
+        return LEARNER if str(agent_id) == seat else opponent
 
     def learner_seat(self, episode: Any) -> str:
         """The agent that plays the learner in `episode`: the one whose results rate it
         (other agents may play the current learner too, as opponents)."""
+        return self.draw(episode)[0]
+
+    def draw(self, episode: Any) -> tuple[str, str]:
+        """The episode's one draw, seeded by its id, so every agent of it (and every
+        process asking) gets the same: the agent that plays the learner, and the module
+        the other agents play (the learner itself with chance `p_current`, else one of
+        the opponents)."""
         rng = random.Random(_episode_seed(episode))
-        return self.agents[rng.randrange(len(self.agents))]
+        seat = self.agents[rng.randrange(len(self.agents))]
+        if not self.opponents or rng.random() < self.p_current:
+            return seat, LEARNER
+        return seat, rng.choice(self.opponents)
 
 
 def _episode_seed(episode: Any) -> str:

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 from infra.endpoints import Endpoints
+from infra.topology import GCS_PORT
 from training.probe.on_worker_node import WorkerNodeTaskError, run_on_worker_node
 from training.tls.config import TLSConfig, for_games
 
@@ -113,6 +114,43 @@ def grpc_ready(endpoint: str, *, timeout_s: float, what: str, tls: TLSConfig | N
         channel.close()
 
 
+def gcs_handshake(address: str, *, timeout_s: float) -> None:
+    """Ray's GCS at `address` answers the first call `ray.init` makes of it (GetClusterId)
+    within the deadline. `ray.init` against anything else listening there (an HTTP server,
+    a game, the dashboard's port) retries for minutes, printing only Ray's own warnings."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    try:  # Ray's own channel: RAY_USE_TLS and token authentication, as ray.init has them
+        from ray._private.grpc_utils import init_grpc_channel
+
+        channel = init_grpc_channel(address)
+    except ImportError:
+        channel = grpc.insecure_channel(address)
+    what = f"Ray GCS {address}"
+    try:
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+            gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s
+        )
+    except grpc.RpcError as exc:
+        code, detail = exc.code(), exc.details() or ""
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            return  # Ray's GCS, asking for a token: ray.init says what it needs
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            reason = "is a gRPC server but not Ray's GCS (it has no NodeInfoGcsService)"
+        elif "HTTP/2" in detail or "http1" in detail.lower():
+            reason = "is not a gRPC server (it does not speak HTTP/2: a web server?)"
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            reason = f"accepts TCP but did not answer Ray's GCS handshake within {timeout_s:g}s"
+        else:
+            reason = f"did not answer Ray's GCS handshake: {code.name}: {detail}"
+        raise PreflightError(
+            f"{what} {reason}; is this the GCS address (port {GCS_PORT} on a Ray head)?"
+        ) from None
+    finally:
+        channel.close()
+
+
 # What Ray Client's proxy answers when the server process for a new driver died at start.
 CLIENT_SERVER_FAILED = "Starting Ray client server failed"
 CLIENT_RETRY_DELAY_S = 1.0
@@ -127,8 +165,11 @@ def connect_ray(
 
     if ray.is_initialized():
         return
-    # ray.init to a dead GCS retries for a long time: probe the port first.
+    # ray.init to a dead GCS, or to something else listening there, retries for minutes:
+    # probe the port, then the handshake.
     tcp_reachable(address, timeout_s=timeout_s, what="Ray GCS")
+    if not address.startswith("ray://"):  # Ray Client's proxy has handshakes of its own
+        gcs_handshake(address, timeout_s=timeout_s)
     kwargs: dict[str, Any] = {"logging_level": "warning"}
     if runtime_env:
         kwargs["runtime_env"] = runtime_env

@@ -49,3 +49,9 @@ class UEProtocolError(UEError):
 
     def _format(self) -> str:
         return f"UE game at {self.endpoint} answered {self.operation} wrongly: {self.detail}"
+
+
+class UEGameRefused(UEProtocolError):
+    """The game answered within the protocol, but this run cannot train on it as asked
+    (e.g. the single-agent path on a game that leaves its agent out of a step). Not a
+    fault: the game answers the same way after a reconnect, so the run is refused."""

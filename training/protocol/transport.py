@@ -11,6 +11,9 @@ from typing import Protocol
 
 # The largest message either side sends or accepts (a step of many environments).
 MAX_MESSAGE_BYTES = 100 * 1024 * 1024
+# The operations errors name: an UpdateState call either steps or resets.
+STEP = "UpdateState(step)"
+RESET = "UpdateState(reset)"
 
 
 class CallError(Exception):

@@ -158,19 +158,34 @@ class Rescaler:
         manager = self.pool.group._worker_manager
         index_of = {r.actor_id: r.worker_index for r in runners}
         actors = {aid: h for aid, h in manager.actors().items() if aid in index_of}
-        gone = frozenset(runners_whose_node_left(actors, index_of))
+        found, unknown = runners_whose_node_left(actors, index_of)
+        gone = frozenset(found)
         units = sum(room.custom_total for room in node_rooms(self.endpoints.custom_resource))
         settled = units <= self.wanted + 1e-9
         if not settled and now - self._shrink_since < SHRINK_SETTLE_S:
             # Only the runners whose pod already went; the rest wait for KubeRay.
             return plan_rescale(runners, len(runners) - len(gone), tied_to_pods=True, gone=gone)
         if not settled:
-            self.log(
-                f"rescale: the cluster still has {units:g} unit(s) of "
+            self._by_highest_slots(
+                f"the cluster still has {units:g} unit(s) of "
                 f"{self.endpoints.custom_resource!r} after {SHRINK_SETTLE_S:.0f} s for "
-                f"{self.wanted} game(s); removing the runners of the highest slots"
+                f"{self.wanted} game(s)",
+                reason="settle_timeout",
+            )
+        elif unknown is not None and len(runners) - len(gone) > self.wanted:
+            # The pods went, but which ones is not known: some runners that leave may be
+            # on pods that stay (their games answer) and some that stay lost theirs.
+            self._by_highest_slots(
+                f"Ray's state API did not say which env runners' pods went ({unknown})",
+                reason="state_api_failed",
             )
         return plan_rescale(runners, self.wanted, tied_to_pods=True, gone=gone)
+
+    def _by_highest_slots(self, why: str, *, reason: str) -> None:
+        """A shrink that removes runners by slot, not by the pods that went: one line, one
+        event."""
+        self.log(f"rescale: {why}; removing the runners of the highest slots")
+        self._event("shrink_by_slot", reason=reason, message=why)
 
     def _start_due(self) -> list[JoinFailure]:
         """Probe the games that are due; start a runner for each that answers, as far as

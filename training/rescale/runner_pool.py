@@ -18,6 +18,15 @@ from typing import Any
 from training.rescale.plan import Runner
 from training.rllib.runner_registry import RunnerRegistry
 
+# What the pool uses of RLlib beyond its public API (RLlib has no public way to add a
+# runner numbered by the caller): {class: attributes}. Checked when a pool starts, and by
+# tests/test_rescale_units.py against the installed RLlib, so a Ray upgrade that moves one
+# fails naming it instead of in the middle of a rescale.
+RLLIB_INTERNALS: dict[str, tuple[str, ...]] = {
+    "EnvRunnerGroup": ("_worker_manager", "_make_worker", "_remote_config_obj_ref", "_env_creator"),
+    "FaultTolerantActorManager": ("_next_id", "actor_ids", "actors", "add_actors", "remove_actor"),
+}
+
 STOP_TIMEOUT_S = 5.0
 # How long runners that are up wait for the others started with them before joining.
 JOIN_TOGETHER_S = 15.0
@@ -41,10 +50,39 @@ class JoinFailure:
     refused: bool  # the game answered, with other spaces: retrying cannot help
 
 
+class RLlibInternalsChanged(RuntimeError):
+    """The installed RLlib lacks an internal the pool relies on (a Ray upgrade moved it)."""
+
+
+def check_rllib_internals(group: Any) -> None:
+    """RLlibInternalsChanged naming every internal of RLLIB_INTERNALS `group` (an
+    EnvRunnerGroup) or its actor manager lacks."""
+    owners = {
+        "EnvRunnerGroup": group,
+        "FaultTolerantActorManager": getattr(group, "_worker_manager", None),
+    }
+    missing = [
+        f"{owner}.{name}"
+        for owner, names in RLLIB_INTERNALS.items()
+        if owners[owner] is not None
+        for name in names
+        if not hasattr(owners[owner], name)
+    ]
+    if missing:
+        import ray
+
+        raise RLlibInternalsChanged(
+            f"RLlib (ray {ray.__version__}) has no {', '.join(missing)}: live rescale "
+            "(training/rescale/runner_pool.py) uses them; install the Ray version "
+            "pyproject.toml pins, or port RunnerPool to this one"
+        )
+
+
 class RunnerPool:
     def __init__(self, algo: Any, registry: RunnerRegistry) -> None:
         self.algo = algo
         self.group = algo.env_runner_group
+        check_rllib_internals(self.group)
         self.registry = registry
         # RLlib built runners 1..N as actors 1..N, each on the game of its own index.
         self.runners: dict[int, Runner] = {

@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import gymnasium as gym
 
 from infra.endpoints import Endpoints
-from training.policies.configurations import PolicyConfigurationError, PolicyMapping
+from training.policies.configurations import (
+    PolicyConfigurationError,
+    PolicyMapping,
+    check_fits,
+)
 from training.policies.game_spec import GameSpec
 from training.policies.outcomes import SelfPlayOutcomes
 from training.policies.self_play import LEARNER, SelfPlayMapping, SelfPlaySettings
@@ -274,17 +278,7 @@ def build_algo_config(
     """The AlgorithmConfig (PPO, APPO or IMPALA) to `build_algo()`."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-    if game.policies == "ctde" and algo != "PPO":
-        raise PolicyConfigurationError(
-            f"--policies ctde trains with PPO (its learner builds the shared critic); "
-            f"--algo {algo} is not supported with it"
-        )
-    if game.policies == "ctde" and endpoints.num_learners > 1:
-        raise PolicyConfigurationError(
-            f"--policies ctde trains on one learner (its actors share one critic, which "
-            f"distributed data-parallel learners would each step); the topology has "
-            f"{endpoints.num_learners} learners: set topology.learners.replicas to 0 or 1"
-        )
+    check_fits(game.policies, algo=algo, num_learners=endpoints.num_learners)
     values = hparams if hparams is not None else hp.merge(algo)
     training, model = hp.split(values)
     res = endpoints.resources

@@ -32,7 +32,7 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED
 
 from infra.endpoints import worker_endpoint
 from training.policies.self_play import SelfPlayMapping
-from training.protocol.errors import UEError, UEProtocolError
+from training.protocol.errors import UEError, UEGameRefused, UEProtocolError
 from training.protocol.game_definition import same_agents
 from training.rllib.console import retag_if_quiet
 from training.rllib.game_health import GameHealth
@@ -197,6 +197,8 @@ class UEGameRunner:
         ):
             kwargs["num_timesteps"] = self._fragment_length * self.num_envs
         health = self.game_health_state()
+        if health.refused:  # the driver stops the run after this iteration
+            return self._sampled_nothing()
         if not health.healthy:
             connection = self.connection
             budget = connection.fault_wait_s
@@ -213,7 +215,14 @@ class UEGameRunner:
             fault = _game_fault(exc)
             if fault is None:
                 raise
-            self._lose_game(fault)
+            if isinstance(fault, UEGameRefused):
+                # The game answers the same way after a reconnect: refuse the run, as
+                # ctde's lockstep check does (the driver stops it with this line).
+                health.refuse(str(fault))
+                log.info("%s", fault)
+                self._forget_episodes()
+            else:
+                self._lose_game(fault)
             return self._sampled_nothing()
         if health.first_sample_at is None:
             health.first_sample_at = time.time()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import numbers
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Algo = Literal["PPO", "APPO", "IMPALA"]
 ALGOS: tuple[Algo, ...] = ("PPO", "APPO", "IMPALA")
@@ -65,6 +66,36 @@ FLAG_KEYS = {
 }
 
 
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1)]
+
+
+class HyperparameterRanges(BaseModel):
+    """The values the common options can take; any one out of range trains into NaN or
+    nothing (a negative lr climbs the loss, gamma 7 makes returns diverge, a negative
+    batch samples nothing), so it is refused before anything starts. Options not listed
+    are checked for their type only."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lr: Rate | None = None
+    gamma: Fraction | None = None
+    lambda_: Fraction | None = None
+    clip_param: Rate | None = None
+    vf_clip_param: Rate | None = None
+    grad_clip: Rate | None = None
+    kl_target: Rate | None = None
+    kl_coeff: Weight | None = None
+    vf_loss_coeff: Weight | None = None
+    entropy_coeff: Weight | None = None
+    train_batch_size: Count | None = None
+    train_batch_size_per_learner: Count | None = None
+    minibatch_size: Count | None = None
+    num_epochs: Count | None = None
+
+
 class HyperparameterError(ValueError):
     """A hyperparameter is unknown or of the wrong type; the message names it and its source."""
 
@@ -76,6 +107,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise HyperparameterError(
             f"cannot read hyperparameter file {path}: {exc.strerror}"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise HyperparameterError(
+            f"hyperparameter file {path} is not UTF-8 text (offset {exc.start})"
         ) from None
     except yaml.YAMLError as exc:
         raise HyperparameterError(f"hyperparameter file {path} is not YAML: {exc}") from None
@@ -155,3 +190,13 @@ def _check(algo: Algo, template: dict[str, Any], key: str, value: Any, source: s
         )
     if isinstance(default, bool) and not isinstance(value, bool):
         raise HyperparameterError(f"{source}: {key} must be true or false, got {value!r}")
+    _check_range(key, value, source)
+
+
+def _check_range(key: str, value: Any, source: str) -> None:
+    try:
+        HyperparameterRanges.model_validate({key: value})
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"]
+        reason = reason[0].lower() + reason[1:]  # pydantic's "Input should be ..."
+        raise HyperparameterError(f"{source}: {key}={value!r}: {reason}") from None

@@ -24,14 +24,13 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
 from training.protocol import spaces as codec
-from training.protocol.errors import UEProtocolError
-from training.protocol.step_layout import BOX, DISCRETE, ActionColumn, WireError
+from training.protocol.errors import UEGameRefused
+from training.protocol.step_layout import BOX, DISCRETE, ActionColumn
+from training.protocol.transport import RESET, STEP
 from training.rllib.env_runner import UEGameRunner
 
 if TYPE_CHECKING:  # grpc only where envs are built, not on the driver
     from training.rllib.vector_env import UEVectorEnv
-
-STEP = "UpdateState(step)"
 
 # env_config key: the game's policy id that RLlib's `default_policy` module is.
 SINGLE_AGENT_POLICY_KEY = "uerl_single_agent_policy"
@@ -78,9 +77,7 @@ class UESingleAgentVectorEnv(gym.vector.VectorEnv):
         self._restarting[:] = False
         for i, obs in enumerate(observations):
             if self.agent not in obs:
-                raise UEProtocolError(
-                    self.endpoint, "UpdateState(reset)", f"environment {i}: no {self.agent!r}"
-                )
+                raise UEGameRefused(self.endpoint, RESET, self._missing_agent(i))
         values = [obs[self.agent] for obs in observations]
         return (
             codec.stack_values(self.single_observation_space, values),
@@ -92,24 +89,10 @@ class UESingleAgentVectorEnv(gym.vector.VectorEnv):
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list[dict[str, str]]]:
         n = self.num_envs
         request = self._codec.encode(n, [ActionColumn(0, self._all_envs, self._values(actions))])
-        data = self._client.update_bytes(request, STEP)
-        try:
-            num_envs, columns = self._codec.decode(data)
-        except WireError as exc:
-            raise UEProtocolError(self.endpoint, STEP, str(exc)) from None
-        if num_envs != n:
-            raise UEProtocolError(
-                self.endpoint, STEP, f"reply has {num_envs} environments, expected {n}"
-            )
-        col = columns[0]
+        col = self.game.decode_columns(self._client.update_bytes(request, STEP))[0]
         if len(col.env) != n:
             missing = sorted(set(range(n)).difference(col.env.tolist()))
-            raise UEProtocolError(
-                self.endpoint,
-                STEP,
-                f"environment {missing[0]}: no state for agent {self.agent!r} (the single-agent "
-                "path needs the agent every step; train with --env-runner multi_agent)",
-            )
+            raise UEGameRefused(self.endpoint, STEP, self._missing_agent(missing[0]))
         restarting = self._restarting
         observations = self._layout.observations(0, col.leaves, n)
         rewards = np.where(restarting, np.float32(0), col.reward)
@@ -120,6 +103,12 @@ class UESingleAgentVectorEnv(gym.vector.VectorEnv):
         for row, info in col.infos:
             infos[row] = info
         return observations, rewards, terminated, truncated, infos
+
+    def _missing_agent(self, env: int) -> str:
+        return (
+            f"environment {env}: no state for agent {self.agent!r} (the single-agent path "
+            "needs the agent every step; train with --env-runner multi_agent)"
+        )
 
     def close_extras(self, **kwargs: Any) -> None:
         self.game.close()

@@ -26,10 +26,9 @@ from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol.errors import UEProtocolError
 from training.protocol.game_definition import GameDefinition, game_definition_from_proto
 from training.protocol.step_layout import AgentColumns, StepLayout, WireError
+from training.protocol.transport import RESET, STEP
 from training.rllib.episodes import open_episodes
 from training.tls.config import TLSConfig
-
-STEP = "UpdateState(step)"
 
 
 class UESubEnv(MultiAgentEnv):
@@ -138,7 +137,7 @@ class UEVectorEnv(VectorMultiAgentEnv):
     ) -> tuple[list[dict[str, Any]], list[dict[str, dict[str, str]]]]:
         """The reset reply as per-environment observations and infos (validated)."""
         n = self.num_envs
-        op = "UpdateState(reset)"
+        op = RESET
         if not state.HasField("initial_state"):
             raise UEProtocolError(self.endpoint, op, "reply has no initial_state")
         initial = state.initial_state.environment_states
@@ -174,18 +173,23 @@ class UEVectorEnv(VectorMultiAgentEnv):
 
     def decode_step(self, data: bytes) -> tuple[list, list, list, list, list]:
         """The step reply's bytes as RLlib's five per-environment lists (validated)."""
+        columns = self.decode_columns(data)
+        rows = [self._rows(k, col, len(col.env)) for k, col in enumerate(columns)]
+        observations, rewards, terminateds, truncateds, infos = self.episodes.step(columns, rows)
+        return observations, rewards, terminateds, truncateds, infos
+
+    def decode_columns(self, data: bytes) -> list[AgentColumns]:
+        """The step reply's bytes as one column batch per agent, checked: the wire format,
+        and one row set for each of this game's environments."""
         try:
             num_envs, columns = self.codec.decode(data)
         except WireError as exc:
             raise UEProtocolError(self.endpoint, STEP, str(exc)) from None
-        n = self.num_envs
-        if num_envs != n:
+        if num_envs != self.num_envs:
             raise UEProtocolError(
-                self.endpoint, STEP, f"reply has {num_envs} environments, expected {n}"
+                self.endpoint, STEP, f"reply has {num_envs} environments, expected {self.num_envs}"
             )
-        rows = [self._rows(k, col, len(col.env)) for k, col in enumerate(columns)]
-        observations, rewards, terminateds, truncateds, infos = self.episodes.step(columns, rows)
-        return observations, rewards, terminateds, truncateds, infos
+        return columns
 
     def _rows(self, k: int, col: AgentColumns, rows: int) -> list[Any]:
         return self._rows_of(k, col.leaves, rows)

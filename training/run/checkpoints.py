@@ -140,19 +140,61 @@ def load_modules(path: Path) -> Any:
             f"{path} holds no trained modules ({MODULES_SUBDIR} is missing): "
             "pass a checkpoint written by uerl train / uerl local"
         )
-    modules = RLModule.from_checkpoint(str(modules_dir.resolve()))
+    try:
+        modules = RLModule.from_checkpoint(str(modules_dir.resolve()))
+    except Exception:
+        check_pickles(modules_dir)  # RLlib's unpickling error names no file
+        raise
     if read_meta(path).env_runner == "single_agent" and DEFAULT_MODULE_ID in modules:
-        game = read_game(path)
-        policy_id = game.single_agent_policy() if game is not None else None
-        if policy_id is None:
-            raise CheckpointError(
-                f"{path} was trained on the single-agent path but its {GAME} names no "
-                "one-agent game: it cannot say which policy its module is"
-            )
+        policy_id = single_agent_policy(path)
         module = modules[DEFAULT_MODULE_ID]
         modules.remove_module(DEFAULT_MODULE_ID)
         modules.add_module(policy_id, module)
     return modules
+
+
+def single_agent_policy(path: Path) -> str:
+    """The game's policy a single-agent checkpoint's one module (`default_policy`) is."""
+    game = read_game(path)
+    if game is None:
+        raise CheckpointError(
+            f"{path} was trained on the single-agent path but has no {GAME}: it cannot "
+            "say which of the game's policies its module is"
+        )
+    policy_id = game.single_agent_policy()
+    if policy_id is None:
+        raise CheckpointError(
+            f"{path} was trained on the single-agent path but its {GAME} names no "
+            "one-agent game: it cannot say which policy its module is"
+        )
+    return policy_id
+
+
+def check_loadable(path: Path, *, flag: str) -> None:
+    """What `load_modules` will need, checked before anything starts: the modules'
+    pickles load, and a single-agent checkpoint names its policy."""
+    check_pickles(path / MODULES_SUBDIR, flag=flag)
+    if read_meta(path).env_runner == "single_agent":
+        single_agent_policy(path)
+
+
+def check_pickles(directory: Path, *, flag: str = "") -> None:
+    """Every pickle under `directory` (what RLlib loads from a checkpoint) loads; else a
+    CheckpointError naming the first that does not (truncated by a full disk or a copy
+    cut short, overwritten). RLlib's own unpickling error names no file."""
+    import ray.cloudpickle as pickle  # what RLlib writes them with
+
+    for file in sorted(directory.rglob("*.pkl")):
+        try:
+            with file.open("rb") as fh:
+                pickle.load(fh)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            prefix = f"{flag}: " if flag else ""
+            raise CheckpointError(
+                f"{prefix}{file} cannot be loaded ({reason}): the checkpoint is damaged; "
+                "use another one (an earlier checkpoint_* beside it)"
+            ) from None
 
 
 def resolve_checkpoint(given: Path, *, flag: str = "--checkpoint") -> Path:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infra.endpoints import Endpoints
 from training.policies.configurations import DEFAULT as DEFAULT_POLICIES
-from training.policies.configurations import PolicyConfiguration
+from training.policies.configurations import PolicyConfiguration, check_fits
 from training.policies.game_spec import GameSpec
 from training.policies.self_play import League, SelfPlaySettings
 from training.rescale.endpoints_watch import EndpointsWatch
@@ -220,6 +220,14 @@ def _run_training(
     result.csv_path, result.png_path = _write_artefacts(options, result.rows)
     result.wall_s = time.monotonic() - started
     return result
+
+
+def check_before_start(options: TrainOptions, *, num_learners: int) -> None:
+    """Contradictions the arguments already show (ctde with APPO or with more than one
+    learner, a resumed checkpoint's other policies or env runner), found before Ray or any
+    game starts. Those that need the game (ctde on a one-agent game) wait for discovery."""
+    check_fits(_policies(options), algo=options.algo, num_learners=num_learners)
+    _env_runner(options)
 
 
 def _policies(options: TrainOptions) -> PolicyConfiguration:

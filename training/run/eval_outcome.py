@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 from infra.endpoints import Endpoints
 from training.run.evaluation import EvalError, EvalOptions
+
+
+def traceback_file(options: EvalOptions) -> Path:
+    """Beside the report, unless that is in the checkpoint (the default): the user's
+    checkpoint folder gets no files of ours but the report; the temp directory then."""
+    report_dir = options.report_path.parent.resolve()
+    if report_dir.is_relative_to(options.checkpoint.resolve()):
+        return Path(tempfile.gettempdir()) / f"uerl-eval-traceback-{os.getpid()}.txt"
+    return options.report_path.with_name("eval-traceback.txt")
 
 
 def eval_and_report(endpoints: Endpoints, options: EvalOptions, *, prog: str) -> int:
@@ -22,8 +34,8 @@ def eval_and_report(endpoints: Endpoints, options: EvalOptions, *, prog: str) ->
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        traceback_file = options.report_path.with_name("eval-traceback.txt")
-        print(f"{prog}: {describe(exc, traceback_file=traceback_file)}", file=sys.stderr)
+        message = describe(exc, traceback_file=traceback_file(options), what="evaluation")
+        print(f"{prog}: {message}", file=sys.stderr)
         return 1
     print(report.table(), flush=True)
     print(f"  report: {options.report_path}", flush=True)

@@ -30,11 +30,13 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 MAX_LINES = 8
 
 
-def describe(exc: BaseException, *, traceback_file: Path | None = None) -> str:
+def describe(
+    exc: BaseException, *, traceback_file: Path | None = None, what: str = "training"
+) -> str:
     if isinstance(exc, USER_ERRORS):
         return str(exc)
     lines = str(exc).strip().splitlines() or [type(exc).__name__]
-    text = f"training failed: {type(exc).__name__}: " + "\n  ".join(lines[:MAX_LINES])
+    text = f"{what} failed: {type(exc).__name__}: " + "\n  ".join(lines[:MAX_LINES])
     if len(lines) > MAX_LINES:
         text += "\n  ..."
     if traceback_file is not None:

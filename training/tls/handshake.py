@@ -40,9 +40,12 @@ _CLIENT_CERT_REASONS = (
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """(host, port) of `HOST:PORT`; a ValueError naming the endpoint otherwise."""
     host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"endpoint {endpoint!r} is not host:port")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"endpoint {endpoint!r} is not HOST:PORT")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"endpoint {endpoint!r}: port {port} is not from 1 to 65535")
     return host.strip("[]"), int(port)
 
 
