@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from local_runs import PROJECT_ROOT, LocalRun, run_local
+
+from training.run.checkpoints import read_league, resolve_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +111,18 @@ def test_export_writes_the_learner_and_a_snapshot_on_request(trained: LocalRun) 
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "learner.onnx" in done.stdout and ".onnx" in done.stdout.replace("learner.onnx", "")
+    latest = resolve_checkpoint(trained.checkpoints)
+    league = read_league(latest)
+    assert league is not None
+    slot = league.slot_of(6)  # the snapshot asked for, by its number
+    assert slot is not None, league.slots
+    written = re.findall(r"^(\S+\.onnx)  \(policy '([^']+)'", done.stdout, re.M)
+    assert sorted(Path(f).name for f, _ in written) == sorted(["learner.onnx", f"{slot}.onnx"])
+    # Every output of every file agrees with torch on every sampled observation.
+    checks = [line for line in done.stdout.splitlines() if line.startswith("  verified on")]
+    assert len(checks) == 2, done.stdout
+    counts = [int(n) for line in checks for n in re.findall(r"(\d+) mismatch\(es\)", line)]
+    assert counts and set(counts) == {0}, done.stdout
 
 
 def test_resume_continues_the_league(trained: LocalRun) -> None:
