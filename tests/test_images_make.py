@@ -51,3 +51,25 @@ def test_make_images_builds_the_default_ray_and_mock_game_tags() -> None:
 def test_make_images_local_runs_the_engineless_build() -> None:
     (line,) = _make_n("images-local")
     assert line.split()[1:] == ["tests/k8s/images/build.py"]
+
+
+def test_a_dry_run_does_not_wait_for_a_build_holding_the_image_cache(tmp_path: Path) -> None:
+    """CI builds the images in the background while `make test` runs this file: the dry
+    run reads nothing the build writes, so it must not queue behind it."""
+    import fcntl
+
+    cache = tmp_path / "images"
+    cache.mkdir()
+    with (cache / ".lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a build in progress
+        proc = subprocess.run(
+            [sys.executable, "tests/k8s/images/build.py", "--engine", "docker", "--dry-run",
+             "--only", "mock-ue"],
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "UERL_IMAGE_CACHE": str(cache)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "docker build -f docker/mock-ue.Dockerfile" in proc.stdout

@@ -500,9 +500,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     CACHE.mkdir(parents=True, exist_ok=True)
-    # One build at a time: contexts, storage and index.json are shared.
-    lock = (CACHE / ".lock").open("w")
-    fcntl.flock(lock, fcntl.LOCK_EX)
+    # One build at a time: contexts, storage and index.json are shared. A dry run reads
+    # none of them, so it never waits for a build that holds the lock (CI's background
+    # image build runs beside `make test`, which dry-runs `make images`).
+    if not args.dry_run:
+        lock = (CACHE / ".lock").open("w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
     wanted = args.only or names[2:]
 
     # A dry run only prints the docker commands: no wheel needed.
