@@ -128,17 +128,23 @@ def slow_resolver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return library
 
 
+def _with_slow_resolver(script: str, resolver: Path) -> subprocess.CompletedProcess[str]:
+    """`python -c script` with the slow resolver preloaded; it must exit 0."""
+    child = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "LD_PRELOAD": str(resolver)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert child.returncode == 0, child.stderr
+    return child
+
+
 def test_two_threads_end_at_their_own_deadlines_while_the_name_resolves_slowly(
     mock_ue: MockFactory, slow_resolver: Path
 ) -> None:
     game = mock_ue(transport="native")
     script = TWO_CALLERS.format(root=str(ROOT), port=game.port, method=DEFINITION)
-    child = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "LD_PRELOAD": str(slow_resolver)},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert child.returncode == 0, child.stderr
+    child = _with_slow_resolver(script, slow_resolver)
     results = {float(k): v for k, v in json.loads(child.stdout).items()}
     for deadline, (got, took) in results.items():
         assert got == DEADLINE_EXCEEDED, (deadline, got)
@@ -158,10 +164,5 @@ def test_a_slowly_resolved_name_is_reached_within_a_deadline_that_allows_it(
         print(len(channel.call({DEFINITION!r}, b"", 10.0)))
         """
     )
-    child = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, "LD_PRELOAD": str(slow_resolver)},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert child.returncode == 0, child.stderr
+    child = _with_slow_resolver(script, slow_resolver)
     assert int(child.stdout) > 0
