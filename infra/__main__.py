@@ -7,6 +7,8 @@ venv, and the fallback below covers a venv where it is not.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -95,4 +97,8 @@ def main() -> None:
     pulumi.export("endpoints", topology.endpoints().model_dump(mode="json"))
 
 
+# When an update fails, the engine interrupts the program while it still waits on the
+# failed resource's outputs; the default KeyboardInterrupt would print the language
+# host's traceback under the real error. Everything the program had to say is sent.
+signal.signal(signal.SIGINT, lambda *_: os._exit(1))
 main()

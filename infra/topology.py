@@ -447,9 +447,10 @@ class OperatorSpec(_Spec):
     chart_path: Text | None = None
     # Helm values for the chart, e.g. {image: {repository: mirror/kuberay/operator}}.
     values: dict[str, Any] = {}
-    # The chart's CRDs. `install`: created with the chart (fails with AlreadyExists
-    # if a former KubeRay left them: Helm never deletes CRDs); `adopt`: take over
-    # existing ones and update them to the chart's; `skip`: leave them as they are.
+    # The chart's CRDs, one resource of the stack's. `install`: created before the chart
+    # (refused, naming this field, if a former KubeRay left them: Helm never deletes
+    # CRDs); `adopt`: take over existing ones and update them to the chart's; `skip`:
+    # leave them as they are.
     crds: Literal["install", "adopt", "skip"] = "install"
     # None: the topology's namespace.
     namespace: Text | None = None

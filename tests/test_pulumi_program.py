@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from infra_fixtures import (
     KUBERAY_CHART,
     PROJECT_ROOT,
@@ -19,6 +24,7 @@ from infra import manifests
 from infra.endpoints import Endpoints
 
 CHART = "kubernetes:helm.sh/v4:Chart::kuberay-operator"
+CRDS = "pulumi-python:dynamic/uerl:KubeRayCRDs"
 RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
 NETWORKED = ("topology.pattern=networked",)
 UNREAL_LOADER = (
@@ -52,6 +58,7 @@ def test_sidecar_dev_stack_creates_operator_namespace_endpoints_and_raycluster(s
     assert type_counts(sidecar) == {
         "kubernetes:core/v1:Namespace": 1,
         "uerl:infra:KubeRayOperator": 1,
+        CRDS: 1,
         "kubernetes:helm.sh/v4:Chart": 1,
         "uerl:infra:UerlRayCluster": 1,
         "kubernetes:core/v1:ConfigMap": 1,
@@ -95,7 +102,7 @@ def test_chart_is_pinned_to_the_configured_version(sidecar) -> None:
     assert chart["inputs"]["repositoryOpts"] == {
         "repo": "https://ray-project.github.io/kuberay-helm/"
     }
-    assert chart["dependencies"] == ["kubernetes:core/v1:Namespace::uerl"]
+    assert chart["dependencies"] == ["kubernetes:core/v1:Namespace::uerl", f"{CRDS}::kuberay-crds"]
 
 
 # Relative to the project root, as a user would set it.
@@ -132,25 +139,60 @@ def test_operator_values_are_passed_to_the_chart() -> None:
     assert chart["inputs"]["values"] == {"image": {"repository": "mirror.local/kuberay/operator"}}
 
 
-def test_chart_installs_its_crds_by_default_with_the_default_provider(sidecar) -> None:
+def crds_of(report: dict[str, Any]) -> dict[str, Any] | None:
+    found = list(resources_of(report, CRDS).values())
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def test_crds_are_one_resource_the_chart_waits_for_and_the_chart_skips_its_own(sidecar) -> None:
+    crds = crds_of(sidecar)
+    assert crds is not None and crds["inputs"]["mode"] == "install"
     (chart,) = resources_of(sidecar, "kubernetes:helm.sh/v4:Chart").values()
-    assert "skipCrds" not in chart["inputs"]
+    assert chart["inputs"]["skipCrds"] is True
+    assert f"{CRDS}::kuberay-crds" in chart["dependencies"]
     assert "pulumi:providers:kubernetes" not in type_counts(sidecar)
+
+
+def test_the_crds_resource_holds_a_digest_and_a_path_not_the_4_mb_of_crds(sidecar) -> None:
+    inputs = crds_of(sidecar)["inputs"]  # type: ignore[index]
+    assert len(json.dumps(inputs)) < 10_000
+    bundle = Path(inputs["path"])
+    assert hashlib.sha256(bundle.read_bytes()).hexdigest() == inputs["digest"]
+    names = {
+        d["metadata"]["name"] for d in yaml.load_all(bundle.read_text(), yaml.CSafeLoader) if d
+    }
+    assert names == {
+        f"{kind}.ray.io" for kind in ("rayclusters", "rayjobs", "rayservices", "raycronjobs")
+    }
+
+
+def test_the_crds_digest_follows_the_chart(tmp_path: Path) -> None:
+    chart = tmp_path / "kuberay-operator"
+    shutil.copytree(KUBERAY_CHART, chart)
+    before = crds_of(run_program(f"topology.operator.chart_path={chart}"))["inputs"]  # type: ignore[index]
+    crd = chart / "crds" / "ray.io_rayjobs.yaml"
+    crd.write_text(crd.read_text() + "# the next chart's CRD\n")
+    after = crds_of(run_program(f"topology.operator.chart_path={chart}"))["inputs"]  # type: ignore[index]
+    assert before["digest"] != after["digest"] and before["version"] == after["version"]
 
 
 def test_crds_skip_leaves_existing_crds_alone() -> None:
     report = run_program("topology.operator.crds=skip")
+    assert crds_of(report) is None
     (chart,) = resources_of(report, "kubernetes:helm.sh/v4:Chart").values()
     assert chart["inputs"]["skipCrds"] is True
 
 
-def test_crds_adopt_installs_the_chart_through_a_provider_that_upserts_existing_objects() -> None:
+def test_crds_adopt_takes_over_the_crds_and_installs_the_chart_through_an_upserting_provider() -> (
+    None
+):
     report = run_program("topology.operator.crds=adopt")
+    assert crds_of(report)["inputs"]["mode"] == "adopt"  # type: ignore[index]
     (provider,) = resources_of(report, "pulumi:providers:kubernetes").values()
     assert provider["inputs"]["upsertExistingObjects"] == "true"
     assert provider["inputs"]["enablePatchForce"] == "true"
     (chart,) = resources_of(report, "kubernetes:helm.sh/v4:Chart").values()
-    assert "skipCrds" not in chart["inputs"]
     # A provider reference is "<provider URN>::<id>"; the URN's stack/project part is
     # whatever the mocks call them (it differs between SDK versions).
     urn = chart["providers"]["kubernetes"].rsplit("::", 1)[0]

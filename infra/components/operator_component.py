@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.manifests.operator import ChartRelease, leftover_crd_message
-
-CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
+from infra.components.crds_component import KubeRayCRDs
+from infra.manifests.operator import ChartRelease
+from infra.manifests.operator_crds import crd_bundle
 
 # Stack config of the default Kubernetes provider that an explicit provider
 # must be given too (it does not read `kubernetes:*` config itself).
@@ -31,47 +31,18 @@ def adopting_provider(name: str, parent: pulumi.Resource) -> k8s.Provider:
     )
 
 
-def _engine_makes_callbacks() -> bool:
-    """Transforms and hooks are calls the engine makes into the program; Pulumi's
-    mocks (the unit tests) run the program with no engine to make them."""
-    from pulumi.runtime.proto import resource_pb2_grpc
-    from pulumi.runtime.settings import SETTINGS
-
-    return isinstance(SETTINGS.monitor, resource_pb2_grpc.ResourceMonitorStub)
-
-
-def _explain_leftover_crd(args: pulumi.ErrorHookArgs) -> bool:
-    """On a CRD whose create failed because it exists: say which setting fixes it."""
-    if args.failed_operation == "create" and any("already exists" in e for e in args.errors):
-        pulumi.log.error(leftover_crd_message(args.name))
-    return False  # no retry: the CRD will still be there
-
-
-def _hook_leftover_crds(hook: pulumi.ErrorHook) -> pulumi.ResourceTransform:
-    """A transform for the chart's children (the provider registers them, so
-    options reach them only this way): CRDs get the error hook."""
-
-    def transform(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
-        if args.type_ != CRD_TYPE:
-            return None
-        opts = pulumi.ResourceOptions.merge(
-            args.opts, pulumi.ResourceOptions(hooks=pulumi.ResourceHookBinding(on_error=[hook]))
-        )
-        return pulumi.ResourceTransformResult(args.props, opts)
-
-    return transform
-
-
 class KubeRayOperator(pulumi.ComponentResource):
-    """helm.v4.Chart installs the chart's CRDs and upgrades them with the chart
-    (helm itself never upgrades crds/); every RayCluster depends on this.
+    """The chart's CRDs (one KubeRayCRDs resource, upgraded with the chart, which
+    helm itself never does), then the chart without them (helm.v4.Chart); every
+    RayCluster depends on this.
 
     CRDs left behind by an earlier KubeRay (Helm never deletes them) make a
-    plain install fail with AlreadyExists: `crds: adopt` takes them over (and
-    the rest of the chart's objects, should they exist too), `crds: skip`
-    leaves them alone (they must then serve KubeRay 1.7's schema)."""
+    plain install fail, naming the setting that fixes it: `crds: adopt` takes
+    them over (and the rest of the chart's objects, should they exist too),
+    `crds: skip` leaves them alone (they must then serve KubeRay 1.7's schema)."""
 
     chart: k8s.helm.v4.Chart
+    crds: KubeRayCRDs | None
 
     def __init__(
         self,
@@ -84,15 +55,20 @@ class KubeRayOperator(pulumi.ComponentResource):
         repository_opts = (
             k8s.helm.v4.RepositoryOptsArgs(repo=release.repository) if release.repository else None
         )
-        chart_opts = pulumi.ResourceOptions(parent=self, depends_on=list(depends_on))
+        self.crds = None
+        chart_deps = list(depends_on)
+        if release.crds != "skip":
+            self.crds = KubeRayCRDs(
+                f"{name}-crds",
+                crd_bundle(release),
+                release.crds,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),
+            )
+            chart_deps.append(self.crds)
+        chart_opts = pulumi.ResourceOptions(parent=self, depends_on=chart_deps)
         if release.crds == "adopt":
             # `providers`: a component (the chart) hands it to the objects it creates.
             chart_opts.providers = [adopting_provider(f"{name}-adopt", self)]
-        elif release.crds == "install" and _engine_makes_callbacks():
-            # A leftover CRD fails its create with the provider's AlreadyExists;
-            # this names the setting that fixes it.
-            hook = pulumi.ErrorHook(f"{name}-leftover-crds", _explain_leftover_crd)
-            chart_opts.transforms = [_hook_leftover_crds(hook)]
         self.chart = k8s.helm.v4.Chart(
             release.release_name,
             chart=release.chart,
@@ -101,7 +77,7 @@ class KubeRayOperator(pulumi.ComponentResource):
             namespace=release.namespace,
             name=release.release_name,
             values=release.values or None,
-            skip_crds=True if release.crds == "skip" else None,
+            skip_crds=True,  # KubeRayCRDs has them
             opts=chart_opts,
         )
         self.register_outputs({"version": release.version, "namespace": release.namespace})

@@ -69,7 +69,11 @@ PIECES: dict[str, tuple[str, ...]] = {
     "kwok": ("kwok",),
     "kuberay": ("kuberay-operator",),
     "pulumi": ("pulumi",),
-    "pulumi-language-python": ("pulumi-language-python", "pulumi-language-python-exec"),
+    "pulumi-language-python": (
+        "pulumi-language-python",
+        "pulumi-language-python-exec",
+        "pulumi-resource-pulumi-python",  # serves dynamic resources (infra's KubeRayCRDs)
+    ),
     "pulumi-kubernetes": ("pulumi-resource-kubernetes",),
     # The real node (node.py).
     "kubernetes-node": ("kubelet", "kube-proxy"),

@@ -70,7 +70,9 @@ class PulumiProject:
 
         bin_dir = workdir / "pulumi-bin"
         bin_dir.mkdir()
-        for name in ("pulumi", "pulumi-language-python", "pulumi-language-python-exec"):
+        # pulumi-resource-pulumi-python: the provider of the program's dynamic resources.
+        python = ("pulumi-language-python", "pulumi-language-python-exec")
+        for name in ("pulumi", *python, "pulumi-resource-pulumi-python"):
             _link_or_copy(bins[name], bin_dir / name)
         self.pulumi = bin_dir / "pulumi"
         home, state = workdir / "pulumi-home", workdir / "pulumi-state"

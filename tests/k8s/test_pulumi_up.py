@@ -152,8 +152,17 @@ def test_up_creates_the_stack_and_returns_once_the_raycluster_is_ready(
     assert groups_ready(ray_pods(cp)) == {"headgroup": 1, "learners": 1, "workers": 2}
     assert cp.crds_established()
     types = {r["type"] for r in project.resources("dev")}
-    assert "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition" in types
+    # The CRDs are one resource that diffs a digest (infra/components/crds_component.py).
+    assert "pulumi-python:dynamic/uerl:KubeRayCRDs" in types
+    assert "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition" not in types
     assert "kubernetes:ray.io/v1:RayCluster" in types
+    managers = {
+        m["manager"]
+        for m in cp.get_json("crd", "rayclusters.ray.io", "--show-managed-fields")["metadata"][
+            "managedFields"
+        ]
+    }
+    assert managers == {"uerl", "kube-apiserver"}, managers
     print(f"pulumi up of the dev stack: {result.seconds:.1f}s")
 
 
@@ -430,5 +439,42 @@ def test_leftover_crds_fail_install_with_the_fix_and_adopt_takes_them_over(
     project.config_set("dev", "topology.operator.crds", "adopt")
     up(project, cp)
     assert raycluster(cp)["status"]["state"] == "ready"
+    managers = {
+        m["manager"]
+        for m in cp.get_json("crd", "rayjobs.ray.io", "--show-managed-fields")["metadata"][
+            "managedFields"
+        ]
+    }
+    assert "uerl" in managers, managers
     project.run("destroy", "--yes", stack="dev", during=operator_follows_chart(cp))
-    project.run("stack", "rm", "--yes", stack="dev")
+    assert not {c["metadata"]["name"] for c in cp.get_json("crd")["items"]} & KUBERAY_CRD_NAMES
+
+
+def test_crds_another_pulumi_resource_manages_are_refused_with_the_hand_over(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    """A stack made when the CRDs were the chart's children: taking them over would
+    leave those old resources to delete them (and every RayCluster) at the end of the
+    update; the update stops first, saying how to hand them over."""
+    cp = bare_control_plane
+    manager = "--field-manager=pulumi-kubernetes-1a2b3c4d"  # the Kubernetes provider's kind
+    cp.kubectl("apply", "--server-side", manager, "-f", str(KUBERAY_CRDS_DIR))
+    cp.wait_until(cp.crds_established, 60, "the CRDs to be established")
+    project.new_stack(
+        "handover",
+        {
+            "topology.operator.chart_path": str(KUBERAY_CHART_DIR),
+            "topology.operator.crds": "adopt",
+            "topology.name": "handover",
+            "topology.namespace": "uerl-handover",
+        },
+    )
+
+    result = up(project, cp, "handover", check=False)
+    assert result.returncode != 0
+    assert "pulumi state delete" in result.output, result.output
+    assert "Traceback" not in result.output, result.output
+    assert cp.crds_established()  # nothing deleted
+    project.run("destroy", "--yes", stack="handover", during=operator_follows_chart(cp))
+    project.run("stack", "rm", "--yes", stack="handover")
+    assert cp.crds_established()  # still nothing deleted

@@ -204,6 +204,10 @@ build_pulumi-language-python() { # OUT
     -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION" \
     -o "$1/pulumi-language-python" .) || return 1
   install -m 0755 "$src/pulumi-language-python-exec" "$1/" || return 1
+  # The plugin that serves the program's dynamic resources (infra's KubeRayCRDs), a shell
+  # script of the SDK module's, shipped beside the language host as in the release archive.
+  install -m 0755 "$(go env GOMODCACHE)/github.com/pulumi/pulumi/sdk/v3@$PULUMI_VERSION/python/dist/pulumi-resource-pulumi-python" \
+    "$1/" || return 1
   rm -rf "$src"
 }
 
@@ -282,7 +286,9 @@ summary=()
 for piece in "${PIECES[@]}"; do
   version=$(version_of "$piece")
   dest="$CACHE/$piece-$version"
-  if [[ $FORCE == 0 && -f "$dest/.complete" ]]; then
+  # A piece built before its recipe gained a binary is built again.
+  if [[ $FORCE == 0 && -f "$dest/.complete" ]] &&
+    [[ $piece != pulumi-language-python || -x "$dest/bin/pulumi-resource-pulumi-python" ]]; then
     echo "reused $piece $version: $dest/bin ($(ls "$dest/bin" | tr '\n' ' '))"
     continue
   fi

@@ -1,0 +1,211 @@
+"""KubeRayCRDs: the operator chart's CRDs as one resource that diffs a digest.
+
+A Pulumi dynamic resource (its provider runs in the venv's Python, beside the
+program) whose inputs are the CRD bundle's digest and path (infra.manifests.
+operator_crds): a no-change `pulumi preview` no longer sends 4.1 MB of CRDs through
+the engine and the Kubernetes provider, and a chart upgrade (a new digest) applies
+the new CRDs, which `helm` itself never does. Applied server-side with the field
+manager `uerl`; `pulumi destroy` deletes them, once the RayClusters are gone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi.dynamic
+import yaml
+
+from infra.manifests.operator import leftover_crd_message
+from infra.manifests.operator_crds import CrdBundle
+
+FIELD_MANAGER = "uerl"
+ESTABLISH_TIMEOUT_S = 120.0
+DELETE_TIMEOUT_S = 180.0
+# Inputs an update acts on; the rest (where the bundle sits, the cluster's address)
+# may differ between the machines that run `pulumi up`.
+_DIFFED = ("version", "digest", "mode")
+
+
+class CrdError(Exception):
+    """A CRD could not be applied or deleted; the message says which and why."""
+
+
+def _api(props: dict[str, Any]) -> Any:
+    """The API client for the stack's cluster: the Kubernetes provider's own settings
+    (`kubernetes:kubeconfig` as a path or the file's text, `kubernetes:context`), else
+    $KUBECONFIG or ~/.kube/config, else the pod's service account."""
+    from kubernetes import client, config
+
+    kubeconfig, context = props.get("kubeconfig"), props.get("context")
+    try:
+        if kubeconfig:
+            path = Path(kubeconfig).expanduser()
+            if "\n" not in kubeconfig and path.is_file():
+                api = config.new_client_from_config(str(path), context=context)
+            else:
+                api = config.new_client_from_config_dict(yaml.safe_load(kubeconfig), context)
+        else:
+            try:
+                api = config.new_client_from_config(context=context)
+            except config.ConfigException:
+                config.load_incluster_config()
+                api = client.ApiClient()
+    except (config.ConfigException, OSError, yaml.YAMLError) as exc:
+        raise CrdError(f"kubernetes:kubeconfig / kubernetes:context: {exc}") from None
+    return client.ApiextensionsV1Api(api)
+
+
+def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """One API call; None for 404; the body as JSON; a refusal as a CrdError."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        response = fn(*args, _preload_content=False, _request_timeout=60, **kwargs)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        try:
+            detail = json.loads(exc.body or "{}").get("message") or exc.reason
+        except ValueError:
+            detail = exc.reason
+        raise CrdError(f"{what}: the API server answered {exc.status}: {detail}") from None
+    except HTTPError as exc:
+        raise CrdError(f"{what}: the Kubernetes API is unreachable: {exc}") from None
+    return json.loads(response.data or b"{}")
+
+
+def _read(api: Any, name: str) -> dict[str, Any] | None:
+    return _call(f"reading CRD {name}", api.read_custom_resource_definition, name)
+
+
+def _managers(crd: dict[str, Any]) -> set[str]:
+    return {str(m.get("manager")) for m in crd["metadata"].get("managedFields") or []}
+
+
+def _established(crd: dict[str, Any] | None) -> bool:
+    conditions = ((crd or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+
+def _refuse_foreign(name: str, existing: dict[str, Any], mode: str) -> None:
+    """A CRD another Pulumi resource manages would be deleted by it (a stack made
+    before the CRDs were one resource deletes its chart's CRD children on its next
+    update): say how to hand it over instead. Otherwise `install` refuses any CRD
+    that is there already, as Helm does."""
+    if any(m.startswith("pulumi-kubernetes") for m in _managers(existing)):
+        raise CrdError(
+            f"topology.operator.crds: the CRD {name} is managed by a Pulumi Kubernetes "
+            "resource (this stack's chart before uerl installed CRDs as one resource, or "
+            "another stack). Hand it over without deleting it: `pulumi state delete` its "
+            "URN (`pulumi stack --show-urns | grep CustomResourceDefinition`), then "
+            "`pulumi up` again."
+        )
+    if mode == "install":
+        raise CrdError(leftover_crd_message(name))
+
+
+class CrdsProvider(pulumi.dynamic.ResourceProvider):
+    """Applies, diffs and deletes the bundle's CRDs (stateless: all it needs is in
+    the inputs and outputs)."""
+
+    def _apply(self, props: dict[str, Any], creating: bool) -> dict[str, Any]:
+        api = _api(props)
+        text = Path(props["path"]).read_text()
+        docs = [d for d in yaml.load_all(text, Loader=yaml.CSafeLoader) if d]
+        names = [d["metadata"]["name"] for d in docs]
+        if creating:
+            for name in names:
+                existing = _read(api, name)
+                if existing is not None:
+                    _refuse_foreign(name, existing, props["mode"])
+        for name, doc in zip(names, docs, strict=True):
+            _call(
+                f"applying CRD {name}",
+                api.patch_custom_resource_definition,
+                name,
+                doc,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        deadline = time.monotonic() + ESTABLISH_TIMEOUT_S
+        for name in names:
+            while not _established(_read(api, name)):
+                if time.monotonic() > deadline:
+                    raise CrdError(f"CRD {name} not Established after {ESTABLISH_TIMEOUT_S:.0f}s")
+                time.sleep(0.5)
+        return {**props, "names": names}
+
+    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        outs = self._apply(props, True)
+        return pulumi.dynamic.CreateResult(f"kuberay-crds-{props['version']}", outs)
+
+    def diff(
+        self, _id: str, olds: dict[str, Any], news: dict[str, Any]
+    ) -> pulumi.dynamic.DiffResult:
+        changed = [key for key in _DIFFED if olds.get(key) != news.get(key)]
+        return pulumi.dynamic.DiffResult(changes=bool(changed), replaces=[])
+
+    def update(
+        self, _id: str, _olds: dict[str, Any], news: dict[str, Any]
+    ) -> pulumi.dynamic.UpdateResult:
+        return pulumi.dynamic.UpdateResult(self._apply(news, False))
+
+    def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
+        """A refresh finds a CRD deleted behind the stack's back: the digest is
+        cleared, so the next `pulumi up` applies the bundle again."""
+        api = _api(props)
+        names = props.get("names") or []
+        missing = [name for name in names if _read(api, name) is None]
+        digest = "" if missing else props["digest"]
+        return pulumi.dynamic.ReadResult(id_, {**props, "digest": digest})
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        api = _api(props)
+        names = props.get("names") or []
+        for name in names:
+            _call(f"deleting CRD {name}", api.delete_custom_resource_definition, name)
+        deadline = time.monotonic() + DELETE_TIMEOUT_S
+        for name in names:
+            while _read(api, name) is not None:
+                if time.monotonic() > deadline:
+                    raise CrdError(
+                        f"CRD {name} still there {DELETE_TIMEOUT_S:.0f}s after its deletion "
+                        "(custom resources of its kind may hold finalizers)"
+                    )
+                time.sleep(0.5)
+
+
+class KubeRayCRDs(pulumi.dynamic.Resource, module="uerl", name="KubeRayCRDs"):
+    """The chart's CRDs (`topology.operator.crds`: `install` refuses ones already
+    there, `adopt` takes them over)."""
+
+    names: pulumi.Output[list[str]]
+
+    def __init__(
+        self,
+        name: str,
+        bundle: CrdBundle,
+        mode: str,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        config = pulumi.Config("kubernetes")
+        props: dict[str, Any] = {
+            "version": bundle.version,
+            "digest": bundle.digest,
+            "path": str(bundle.path),
+            "mode": mode,
+            "context": config.get("context"),
+            "kubeconfig": config.get_secret("kubeconfig"),
+            "names": None,
+        }
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["kubeconfig"])
+        )
+        super().__init__(CrdsProvider(), name, props, opts)
