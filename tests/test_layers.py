@@ -38,7 +38,9 @@ def test_the_import_contracts_are_kept() -> None:
 
 def test_an_import_pointing_up_fails_naming_the_line(tmp_path: Path) -> None:
     for part in ("training", "infra"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", ".venv")
+        )
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     errors = tmp_path / "training" / "protocol" / "errors.py"
     errors.write_text(errors.read_text() + "\nfrom training.run import driver  # noqa\n")
@@ -52,7 +54,9 @@ def test_an_import_pointing_up_fails_naming_the_line(tmp_path: Path) -> None:
 
 def test_infra_importing_training_fails(tmp_path: Path) -> None:
     for part in ("training", "infra"):
-        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", ".venv")
+        )
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     topology = tmp_path / "infra" / "topology.py"
     topology.write_text(topology.read_text() + "\nimport training.protocol.errors  # noqa\n")
