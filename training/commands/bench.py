@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from training.commands.arg_types import non_negative_int, positive_float, positive_int
+from training.commands.bench_common import process_cpu_s
 from training.local.games import start_mock_at
 
 
@@ -95,17 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _actions(space: Any, num_envs: int, count: int, seed: int = 0) -> list[np.ndarray]:
     space.seed(seed)
     return [np.stack([space.sample() for _ in range(num_envs)]) for _ in range(count)]
-
-
-def process_cpu_s(pid: int | None = None) -> float | None:
-    """User + system CPU seconds of a process (all threads); this one if pid is None."""
-    if pid is None:
-        return time.process_time()
-    try:  # Linux; fields 14 and 15 after the parenthesised command name
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

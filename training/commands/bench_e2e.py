@@ -28,10 +28,16 @@ import subprocess
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
+
+from training.commands.bench_common import game_cpu_s, single_agent_config
+
+if TYPE_CHECKING:
+    from training.local.ray_cluster import NodeSpec
+    from training.policies.game_spec import GameSpec
 
 AGENT = "agent_0"  # what the mock game calls its one agent
 
@@ -104,9 +110,7 @@ def _games(
                 procs.append(start_mock_at(env_id, envs, base + k, server))
             return procs, base
         except RuntimeError:
-            for proc in procs:
-                proc.terminate()
-                proc.wait(timeout=10)
+            _stop(procs)
     raise RuntimeError("no run of free consecutive ports for the mock games")
 
 
@@ -146,11 +150,12 @@ BASELINE = "rllib"
 MULTI_AGENT_RUNNER = "native_multi_agent"
 ROUND_TRIP = "rllib_trip"
 ROUND_TRIP_ENV = "uerl-bench-round-trip"
+# Where the env runners reach the games.
+GAME_HOST = "127.0.0.1"
 
 
 def game_cpu_per_step(endpoint: str, pid: int, steps: int = 500) -> float:
     """CPU seconds a mock game spends per vector step (random actions, one session)."""
-    from training.commands.bench_runner import game_cpu_s
     from training.rllib.single_agent import UESingleAgentVectorEnv
     from training.rllib.vector_env import UEVectorEnv
 
@@ -167,28 +172,6 @@ def game_cpu_per_step(endpoint: str, pid: int, steps: int = 500) -> float:
         env.close()
 
 
-def single_agent_config(uerl_config: Any, env_id: str) -> Any:
-    """uerl's PPO config (same runners, environments per runner, hyperparameters, seed)
-    as RLlib's ordinary single-agent PPO on the gymnasium environment `env_id`."""
-    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
-    from ray.rllib.policy.sample_batch import DEFAULT_POLICY_ID
-
-    config = uerl_config.copy(copy_frozen=False)
-    config.environment(
-        env=env_id, observation_space=None, action_space=None, disable_env_checking=False
-    )
-    config.env_config = {}  # `environment(env_config=...)` merges into uerl's; replace it
-    config.env_runners(env_runner_cls=SingleAgentEnvRunner)
-    config.multi_agent(
-        policies={DEFAULT_POLICY_ID},
-        policy_mapping_fn=lambda *_args, **_kwargs: DEFAULT_POLICY_ID,
-        policies_to_train=None,
-    )
-    config.rl_module(rl_module_spec=RLModuleSpec())
-    return config
-
-
 def run(
     env_id: str,
     envs_per_game: int,
@@ -198,93 +181,165 @@ def run(
     train_batch_size: int = 4000,
 ) -> list[E2EFigures]:
     import ray
-    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
     from ray.tune.registry import register_env
 
     from training.clients import native
-    from training.clients.game_client import GymClient
     from training.commands.round_trip import round_trip_env
-    from training.local.ray_cluster import NODE_IP, LocalRayCluster, NodeSpec
-    from training.policies.game_spec import game_spec_from_definition
-    from training.rllib.algorithm import build_ppo_config
-    from training.rllib.env_runner import UEConnection
+    from training.local.ray_cluster import NODE_IP, LocalRayCluster
 
     server = "native" if native.available() else "grpcio"
-    # uerl's paths: which client each uses, on which env runner.
-    uerl = {client: (client, "auto") for client in clients}
-    if "native" in clients:
-        uerl[MULTI_AGENT_RUNNER] = ("native", "multi_agent")
+    uerl = _uerl_paths(clients)
     paths = [BASELINE, "multi_agent", ROUND_TRIP, *uerl]
     figures = {p: E2EFigures(p, envs_per_game) for p in paths}
     procs: list[subprocess.Popen[str]] = []
-    nodes = [NodeSpec("head", "head", 0)] + [
-        NodeSpec(f"worker{i}", "worker", len(paths), 0, {"ue_worker": float(len(paths))})
-        for i in range(1, runners + 1)
-    ]
     try:
         with ExitStack() as stack:
-            cluster = stack.enter_context(LocalRayCluster(nodes))
-            bases = {}
-            for path in uerl:  # each path gets games of its own: a game serves one session
-                games, bases[path] = _games(env_id, envs_per_game, runners, server)
-                procs += games
+            cluster = stack.enter_context(LocalRayCluster(_nodes(len(paths), runners)))
+            bases = _start_games(uerl, env_id, envs_per_game, runners, server, procs)
             first = next(iter(uerl))
-            with GymClient(f"127.0.0.1:{bases[first] + 1}") as probe:
-                probe.connect()
-                game = game_spec_from_definition(probe.training_definition(), "bench")
+            game = _probe_game(f"{GAME_HOST}:{bases[first] + 1}")
             # The round trip's worker works as long as a game's step costs (games of the
             # first uerl path: their procs come first).
-            work_s = game_cpu_per_step(f"127.0.0.1:{bases[first] + 1}", procs[0].pid)
+            work_s = game_cpu_per_step(f"{GAME_HOST}:{bases[first] + 1}", procs[0].pid)
             ray.init(address=cluster.address, _node_ip_address=NODE_IP, log_to_driver=False)
             stack.callback(ray.shutdown)
             register_env(ROUND_TRIP_ENV, round_trip_env)  # in the cluster: runners find it
             algos = {}
             for path in paths:
                 client, env_runner = uerl.get(path, (None, "multi_agent"))
-                connection = UEConnection(
-                    url_template="127.0.0.1",
-                    port=bases.get(path, bases[first]),
-                    port_offset_mode="per_worker",
-                    client=client,
-                )
-                config = build_ppo_config(
+                config = _uerl_config(
                     game,
-                    connection,
-                    num_env_runners=runners,
-                    custom_resource="ue_worker",
-                    seed=0,
-                    env_runner=env_runner,
+                    client,
+                    env_runner,
+                    port=bases.get(path, bases[first]),
+                    runners=runners,
                     train_batch_size=train_batch_size,
-                    minibatch_size=min(128, train_batch_size),
                 )
-                if path == BASELINE:
-                    config = single_agent_config(config, env_id)
-                elif path == ROUND_TRIP:
-                    config = single_agent_config(config, env_id)
-                    config.env_runners(gym_env_vectorize_mode="vector_entry_point")
-                    config.environment(env=ROUND_TRIP_ENV)
-                    config.env_config = {"env_id": env_id, "work_s": work_s}
-                elif path == "multi_agent":
-                    config = config.environment(
-                        env=InProcessGame, env_config={"env_id": env_id}
-                    ).env_runners(env_runner_cls=MultiAgentEnvRunner)
-                algos[path] = config.build_algo()
+                algos[path] = _config_for_path(config, path, env_id, work_s).build_algo()
                 stack.callback(algos[path].stop)
             sampling = stack.enter_context(SamplingClock())
-            for algo in algos.values():
-                algo.train()  # warm-up: first iterations build connectors and compile
-            for _ in range(iterations):
-                for path, algo in algos.items():
-                    start = time.perf_counter()
-                    result = algo.train()
-                    elapsed = time.perf_counter() - start
-                    steps = result["env_runners"]["num_env_steps_sampled"]
-                    figures[path].sample_rates.append(steps / sampling.last_s)
-                    figures[path].iteration_rates.append(steps / elapsed)
-            for path, algo in algos.items():
-                figures[path].runner_rss_mb = _runner_rss_mb(algo)
+            _measure(algos, figures, iterations, sampling)
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
+        _stop(procs)
     return list(figures.values())
+
+
+def _uerl_paths(clients: list[str]) -> dict[str, tuple[str, str]]:
+    """uerl's paths: which client each uses, on which env runner."""
+    uerl = {client: (client, "auto") for client in clients}
+    if "native" in clients:
+        uerl[MULTI_AGENT_RUNNER] = ("native", "multi_agent")
+    return uerl
+
+
+def _nodes(num_paths: int, runners: int) -> list[NodeSpec]:
+    """A head without CPUs and `runners` worker nodes, each with room for one env runner
+    of every path (as `uerl local` runs them: `ue_worker` on the workers only)."""
+    from training.local.ray_cluster import NodeSpec
+
+    return [NodeSpec("head", "head", 0)] + [
+        NodeSpec(f"worker{i}", "worker", num_paths, 0, {"ue_worker": float(num_paths)})
+        for i in range(1, runners + 1)
+    ]
+
+
+def _start_games(
+    uerl: dict[str, tuple[str, str]],
+    env_id: str,
+    envs_per_game: int,
+    runners: int,
+    server: str,
+    procs: list[subprocess.Popen[str]],
+) -> dict[str, int]:
+    """Per uerl path the base port of its games; their processes are added to `procs` as
+    they start, so that the caller stops them whatever fails next."""
+    bases = {}
+    for path in uerl:  # each path gets games of its own: a game serves one session
+        games, bases[path] = _games(env_id, envs_per_game, runners, server)
+        procs += games
+    return bases
+
+
+def _probe_game(endpoint: str) -> GameSpec:
+    from training.clients.game_client import GymClient
+    from training.policies.game_spec import game_spec_from_definition
+
+    with GymClient(endpoint) as probe:
+        probe.connect()
+        return game_spec_from_definition(probe.training_definition(), "bench")
+
+
+def _uerl_config(
+    game: GameSpec,
+    client: str | None,
+    env_runner: str,
+    *,
+    port: int,
+    runners: int,
+    train_batch_size: int,
+) -> Any:
+    """uerl's PPO config on the games at `port` (+1, +2, ... per env runner)."""
+    from training.rllib.algorithm import build_ppo_config
+    from training.rllib.env_runner import UEConnection
+
+    connection = UEConnection(
+        url_template=GAME_HOST,
+        port=port,
+        port_offset_mode="per_worker",
+        client=client,
+    )
+    return build_ppo_config(
+        game,
+        connection,
+        num_env_runners=runners,
+        custom_resource="ue_worker",
+        seed=0,
+        env_runner=env_runner,
+        train_batch_size=train_batch_size,
+        minibatch_size=min(128, train_batch_size),
+    )
+
+
+def _config_for_path(config: Any, path: str, env_id: str, work_s: float) -> Any:
+    """uerl's config, moved to where `path` steps the environments (uerl's paths keep it)."""
+    from ray.rllib.env.multi_agent_env_runner import MultiAgentEnvRunner
+
+    if path == BASELINE:
+        config = single_agent_config(config, env_id)
+    elif path == ROUND_TRIP:
+        config = single_agent_config(config, env_id)
+        config.env_runners(gym_env_vectorize_mode="vector_entry_point")
+        config.environment(env=ROUND_TRIP_ENV)
+        config.env_config = {"env_id": env_id, "work_s": work_s}
+    elif path == "multi_agent":
+        config = config.environment(env=InProcessGame, env_config={"env_id": env_id}).env_runners(
+            env_runner_cls=MultiAgentEnvRunner
+        )
+    return config
+
+
+def _measure(
+    algos: dict[str, Any],
+    figures: dict[str, E2EFigures],
+    iterations: int,
+    sampling: SamplingClock,
+) -> None:
+    """One iteration of each path per round, so that all see the same machine load."""
+    for algo in algos.values():
+        algo.train()  # warm-up: first iterations build connectors and compile
+    for _ in range(iterations):
+        for path, algo in algos.items():
+            start = time.perf_counter()
+            result = algo.train()
+            elapsed = time.perf_counter() - start
+            steps = result["env_runners"]["num_env_steps_sampled"]
+            figures[path].sample_rates.append(steps / sampling.last_s)
+            figures[path].iteration_rates.append(steps / elapsed)
+    for path, algo in algos.items():
+        figures[path].runner_rss_mb = _runner_rss_mb(algo)
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)

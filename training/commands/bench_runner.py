@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from training.commands.arg_types import positive_int
+from training.commands.bench_common import game_cpu_s, single_agent_config
 from training.commands.round_trip import RoundTrip
 
 LABELS = {
@@ -44,22 +45,12 @@ class RunnerFigures:
         return statistics.median(self.seconds_per_step) * 1e6
 
 
-def game_cpu_s(pid: int) -> float:
-    from training.commands.bench import process_cpu_s
-
-    cpu = process_cpu_s(pid)
-    if cpu is None:
-        raise RuntimeError(f"mock game (pid {pid}) exited during the bench")
-    return cpu
-
-
 def run(env_id: str, envs: int, steps: int, rounds: int) -> tuple[list[RunnerFigures], float]:
     """Per path its seconds per vector step; and the mock game's CPU seconds per step."""
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
     from training.clients import native
     from training.clients.game_client import GymClient
-    from training.commands.bench_e2e import single_agent_config
     from training.local.games import start_mock_at
     from training.local.processes import free_port
     from training.policies.game_spec import game_spec_from_definition

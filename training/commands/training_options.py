@@ -25,7 +25,20 @@ POLICIES_KEY = "policies"
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
+    # The order of the calls is the order of --help (and of its usage line).
     group = parser.add_argument_group("training")
+    _add_algo_and_stop_args(group)
+    _add_output_args(group)
+    _add_policy_args(group)
+    _add_self_play_args(parser.add_argument_group("self-play (--policies self_play)"))
+    _add_checkpoint_args(group)
+    _add_hyperparameter_args(group)
+    _add_console_args(group)
+    _add_fault_args(parser.add_argument_group("games that fail"))
+
+
+def _add_algo_and_stop_args(group: argparse._ArgumentGroup) -> None:
+    """Which algorithm, and when it stops."""
     group.add_argument("--algo", choices=hp.ALGOS, default="PPO", help="default PPO")
     stop = group.add_mutually_exclusive_group()
     stop.add_argument(
@@ -37,6 +50,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--stop-return", type=float, metavar="R", help="also stop once the return mean reaches R"
     )
+
+
+def _add_output_args(group: argparse._ArgumentGroup) -> None:
+    """Where the run writes."""
     group.add_argument(
         "--run-dir",
         type=Path,
@@ -45,6 +62,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--checkpoint-dir", type=Path, help="checkpoints (default <run-dir>/checkpoints)"
     )
+
+
+def _add_policy_args(group: argparse._ArgumentGroup) -> None:
+    """Which policy each agent acts with, and which RLlib runner samples them."""
     group.add_argument(
         "--policies",
         choices=CONFIGURATIONS,
@@ -64,7 +85,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         "multi-agent one; multi_agent also for one-agent games (e.g. a game that leaves its "
         "agent out of some steps). --resume keeps the checkpoint's",
     )
-    league = parser.add_argument_group("self-play (--policies self_play)")
+
+
+def _add_self_play_args(league: argparse._ArgumentGroup) -> None:
+    """The league of --policies self_play (SelfPlaySettings' defaults when not given)."""
     league.add_argument(
         "--snapshot-every",
         type=positive_int,
@@ -83,6 +107,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         help="chance an opponent is the current learner instead of a snapshot (0.2)",
     )
+
+
+def _add_checkpoint_args(group: argparse._ArgumentGroup) -> None:
+    """How often to checkpoint, and which checkpoint to continue from."""
     group.add_argument(
         "--checkpoint-every",
         type=positive_int,
@@ -97,6 +125,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="continue from the newest checkpoint in --checkpoint-dir, or from PATH",
     )
+
+
+def _add_hyperparameter_args(group: argparse._ArgumentGroup) -> None:
+    """The seed and the algorithm's settings (merged by merged_hparams)."""
     group.add_argument("--seed", type=int)
     group.add_argument(
         "--hparams", type=Path, metavar="YAML", help="hyperparameters file (name: value)"
@@ -116,13 +148,20 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="any training() option of the algorithm, e.g. --hp lambda_=0.9 (repeatable)",
     )
+
+
+def _add_console_args(group: argparse._ArgumentGroup) -> None:
+    """How long the start may take, and what reaches the console."""
     group.add_argument("--preflight-timeout", type=positive_float, default=30.0, metavar="S")
     group.add_argument(
         "--verbose",
         action="store_true",
         help="also print Ray's and RLlib's own output (default: only to <run-dir>/logs/ray.log)",
     )
-    faults = parser.add_argument_group("games that fail")
+
+
+def _add_fault_args(faults: argparse._ArgumentGroup) -> None:
+    """How long the run waits for games that hang or go down."""
     faults.add_argument(
         "--request-timeout",
         type=positive_float,

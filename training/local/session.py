@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from infra.endpoints import Endpoints
     from infra.topology import Topology
     from training.local.games import LocalMockGames
-    from training.local.local_game_tls import TLSMode
+    from training.local.local_game_tls import LocalGameTLS, TLSMode
+    from training.local.ray_cluster import LocalRayCluster
     from training.run.stop import StopRequest
 
 # What runs against the started topology (training, evaluation, or both): its exit code.
@@ -43,44 +44,51 @@ def run_local(
 ) -> int:
     """Start the topology, run `work` against its endpoints (the `uerl train` / `uerl eval`
     code paths), stop it all."""
-    from training.local.games import LocalGamesError, LocalMockGames
-    from training.local.local_endpoints import local_endpoints
     from training.local.local_game_tls import throwaway
-    from training.local.ray_cluster import LocalClusterError, LocalRayCluster, node_specs
-    from training.local.scaling import LocalScaler
-    from training.run.stop import StopRequest
 
     run_dir.mkdir(parents=True, exist_ok=True)
     game_tls = throwaway(run_dir, tls) if tls is not None else None
-    cluster = LocalRayCluster(
-        node_specs(
-            learners=topology.learners.replicas,
-            learner_cpus=topology.learners.cpus,
-            workers=topology.workers.replicas,
-            worker_cpus=topology.workers.cpus,
-            custom_resource=topology.workers.custom_resource,
-            learner_resource=topology.learners.custom_resource,
-        ),
-        log_dir=run_dir / "logs",
-        dashboard=dashboard,
-    )
-    games = LocalMockGames(
-        workers=topology.workers.replicas,
+    cluster = _cluster(topology, run_dir, dashboard=dashboard)
+    games = _games(
+        topology,
+        run_dir,
         env_id=env_id,
         envs_per_game=envs_per_game,
-        run_dir=run_dir / "games",
         base_port=base_port,
-        discovery_instance=topology.has_dedicated_discovery,
-        startup_timeout_s=min(topology.simulator.startup_timeout_s, 120.0),
         max_restarts=max_game_restarts,
-        extra_args=game_tls.server_args if game_tls else None,
-        log=lambda line: print(line, flush=True),
+        game_tls=game_tls,
     )
     # Belt and braces: the `with` blocks stop everything, atexit covers sys.exit paths
-    # taken from elsewhere; both stops are idempotent.
+    # taken from elsewhere; both stops are idempotent (_serve unregisters them).
     atexit.register(games.stop)
     atexit.register(cluster.stop)
     started = time.monotonic()
+    code = _serve(
+        topology, work, cluster, games, game_tls, run_dir=run_dir, prog=prog, started=started
+    )
+    _report_games(games, run_dir)
+    print(f"{prog}: finished in {time.monotonic() - started:.1f}s (exit {code})", flush=True)
+    return code
+
+
+def _serve(
+    topology: Topology,
+    work: Work,
+    cluster: LocalRayCluster,
+    games: LocalMockGames,
+    game_tls: LocalGameTLS | None,
+    *,
+    run_dir: Path,
+    prog: str,
+    started: float,
+) -> int:
+    """Start the games and the cluster, run `work` against their endpoints and stop them:
+    the exit code of `work`, else 130 after Ctrl-C, 1 if the games or nodes failed."""
+    from training.local.games import LocalGamesError
+    from training.local.ray_cluster import LocalClusterError
+    from training.local.scaling import LocalScaler
+    from training.run.stop import StopRequest
+
     code = 1
     scaler: LocalScaler | None = None
     try:
@@ -94,29 +102,12 @@ def run_local(
                 flush=True,
             )
             with games, cluster:
-                endpoints = local_endpoints(
-                    topology,
-                    gcs_address=cluster.address,
-                    client_port=cluster.client_port,
-                    base_port=games.base_port,
-                    dashboard_url=cluster.dashboard_url,
-                )
-                if game_tls is not None:
-                    endpoints = endpoints.model_copy(update={"tls": game_tls.client})
+                endpoints = _endpoints(topology, cluster, games, game_tls)
                 # `uerl local scale N --run-dir` reaches the session through it.
-                scaler = LocalScaler(
-                    run_dir, cluster, games, endpoints, log=lambda line: print(line, flush=True)
-                )
+                scaler = LocalScaler(run_dir, cluster, games, endpoints, log=_print_line)
                 scaler.publish(endpoints)
                 scaler.start()
-                print(
-                    f"{prog}: Ray at {cluster.address}, games "
-                    + ", ".join(f"{g.name}={g.endpoint}" for g in games.games)
-                    + (f" over {'mutual ' if tls == 'mutual' else ''}TLS" if tls else "")
-                    + f" (up in {time.monotonic() - started:.1f}s)"
-                    + (f"; dashboard and job API at {cluster.dashboard_url}" if dashboard else ""),
-                    flush=True,
-                )
+                print(_up_line(prog, cluster, games, game_tls, started), flush=True)
                 code = work(endpoints, stop)
     except KeyboardInterrupt:
         print(f"{prog}: aborted; everything started was stopped", file=sys.stderr)
@@ -130,9 +121,95 @@ def run_local(
             scaler.stop()
         atexit.unregister(cluster.stop)
         atexit.unregister(games.stop)
-    _report_games(games, run_dir)
-    print(f"{prog}: finished in {time.monotonic() - started:.1f}s (exit {code})", flush=True)
     return code
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+def _cluster(topology: Topology, run_dir: Path, *, dashboard: bool) -> LocalRayCluster:
+    """The Ray nodes of `topology` on this machine (not started yet)."""
+    from training.local.ray_cluster import LocalRayCluster, node_specs
+
+    return LocalRayCluster(
+        node_specs(
+            learners=topology.learners.replicas,
+            learner_cpus=topology.learners.cpus,
+            workers=topology.workers.replicas,
+            worker_cpus=topology.workers.cpus,
+            custom_resource=topology.workers.custom_resource,
+            learner_resource=topology.learners.custom_resource,
+        ),
+        log_dir=run_dir / "logs",
+        dashboard=dashboard,
+    )
+
+
+def _games(
+    topology: Topology,
+    run_dir: Path,
+    *,
+    env_id: str,
+    envs_per_game: int,
+    base_port: int | None,
+    max_restarts: int,
+    game_tls: LocalGameTLS | None,
+) -> LocalMockGames:
+    """One mock game per worker of `topology` (+ discovery's own), not started yet."""
+    from training.local.games import LocalMockGames
+
+    return LocalMockGames(
+        workers=topology.workers.replicas,
+        env_id=env_id,
+        envs_per_game=envs_per_game,
+        run_dir=run_dir / "games",
+        base_port=base_port,
+        discovery_instance=topology.has_dedicated_discovery,
+        startup_timeout_s=min(topology.simulator.startup_timeout_s, 120.0),
+        max_restarts=max_restarts,
+        extra_args=game_tls.server_args if game_tls else None,
+        log=_print_line,
+    )
+
+
+def _endpoints(
+    topology: Topology,
+    cluster: LocalRayCluster,
+    games: LocalMockGames,
+    game_tls: LocalGameTLS | None,
+) -> Endpoints:
+    """The endpoints object of the started cluster and games (with the games' TLS)."""
+    from training.local.local_endpoints import local_endpoints
+
+    endpoints = local_endpoints(
+        topology,
+        gcs_address=cluster.address,
+        client_port=cluster.client_port,
+        base_port=games.base_port,
+        dashboard_url=cluster.dashboard_url,
+    )
+    if game_tls is not None:
+        endpoints = endpoints.model_copy(update={"tls": game_tls.client})
+    return endpoints
+
+
+def _up_line(
+    prog: str,
+    cluster: LocalRayCluster,
+    games: LocalMockGames,
+    game_tls: LocalGameTLS | None,
+    started: float,
+) -> str:
+    """What is up, where, and how long it took to start."""
+    tls = game_tls.mode if game_tls is not None else None
+    return (
+        f"{prog}: Ray at {cluster.address}, games "
+        + ", ".join(f"{g.name}={g.endpoint}" for g in games.games)
+        + (f" over {'mutual ' if tls == 'mutual' else ''}TLS" if tls else "")
+        + f" (up in {time.monotonic() - started:.1f}s)"
+        + (f"; dashboard and job API at {cluster.dashboard_url}" if cluster.dashboard else "")
+    )
 
 
 def _report_games(games: LocalMockGames, run_dir: Path) -> None:

@@ -341,34 +341,10 @@ def _loop(
     rescaler: Rescaler | None = None,
 ) -> TrainResult:
     result = TrainResult()
-    rows: list[metrics.IterationRow] = []
-    if options.resume is not None:
-        path = checkpoints.resolve(options.resume, options.checkpoint_dir)
-        meta = checkpoints.read_meta(path)
-        if meta.algo != options.algo:
-            raise checkpoints.CheckpointError(
-                f"--resume {path}: checkpoint is {meta.algo}, this run is --algo {options.algo}"
-            )
-        algo.restore_from_path(str(path.resolve()))
-        # Keep the earlier rows of the same run so the CSV and curve are continuous.
-        rows = [
-            r for r in metrics.read_csv(options.run_dir / CSV_NAME) if r.iteration <= meta.iteration
-        ]
-        log(f"resumed from {path}: iteration {meta.iteration}, {meta.env_steps_total:,} env steps")
-        previous = meta.env_steps_total
-    else:
-        previous = 0
+    rows, previous = _resume(algo, options, log)
     last_saved = rows[-1].iteration if rows else -1
     result.rows = rows
-    league: LeagueDriver | None = None
-    if game is not None and game.policies == "self_play":
-        resumed = (
-            checkpoints.read_league(checkpoints.resolve(options.resume, options.checkpoint_dir))
-            if options.resume is not None
-            else None
-        )
-        league = LeagueDriver(algo, resumed or League(options.self_play), log)
-        league.start(rows[-1].iteration if rows else 0)
+    league = _start_league(algo, options, game, log, rows)
     stop.graceful = True
     from training.rllib.algorithm import policy_names
 
@@ -376,24 +352,11 @@ def _loop(
     pause = _Pause(options.game_down_limit_s, log)
     try:
         while not _done(options, rows) and not stop.requested:
-            if rescaler is not None:
-                rescaler.between_iterations()
-                board.follow(rescaler.worker_indices())
-                if rescaler.runners == 0:
-                    pause.wait(stop)
-                    continue
-                pause.over()
-            train_result = algo.train()
-            row = metrics.row_from_result(train_result, previous_steps=previous)
-            _check_runners(algo, board, stop, log, options.run_dir / EVENTS_NAME, rescaler)
-            row = replace(
-                row,
-                runners_healthy=board.healthy,
-                runners_total=board.total,
-                runners_unknown=board.unknown,
+            if rescaler is not None and not _follow_rescale(rescaler, board, pause, stop):
+                continue
+            row, train_result = _iterate(
+                algo, options, stop, log, board, rescaler, league, previous
             )
-            if league is not None:
-                row = replace(row, elo=league.after_iteration(row.iteration, train_result))
             previous = row.env_steps_total
             rows.append(row)
             log(metrics.progress_line(row))
@@ -403,16 +366,114 @@ def _loop(
                 last_saved = row.iteration
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
-        if rows and rows[-1].iteration != last_saved:
-            result.checkpoint = _save(algo, options, rows[-1], game, league)
-        elif rows and result.checkpoint is None:
-            result.checkpoint = checkpoints.resolve(checkpoints.LATEST, options.checkpoint_dir)
+        result.checkpoint = _final_checkpoint(
+            algo, options, rows, last_saved, result.checkpoint, game, league
+        )
     finally:
         stop.graceful = False
         tensorboard.close()
     if result.checkpoint is not None:
         log(f"checkpoint: {result.checkpoint}")
     return result
+
+
+def _resume(algo: Any, options: TrainOptions, log: Log) -> tuple[list[metrics.IterationRow], int]:
+    """With --resume: restore the checkpoint into `algo`; the run's earlier rows and its
+    env steps so far. Without: no rows, no steps."""
+    if options.resume is None:
+        return [], 0
+    path = checkpoints.resolve(options.resume, options.checkpoint_dir)
+    meta = checkpoints.read_meta(path)
+    if meta.algo != options.algo:
+        raise checkpoints.CheckpointError(
+            f"--resume {path}: checkpoint is {meta.algo}, this run is --algo {options.algo}"
+        )
+    algo.restore_from_path(str(path.resolve()))
+    # Keep the earlier rows of the same run so the CSV and curve are continuous.
+    rows = [
+        r for r in metrics.read_csv(options.run_dir / CSV_NAME) if r.iteration <= meta.iteration
+    ]
+    log(f"resumed from {path}: iteration {meta.iteration}, {meta.env_steps_total:,} env steps")
+    return rows, meta.env_steps_total
+
+
+def _start_league(
+    algo: Any,
+    options: TrainOptions,
+    game: GameSpec | None,
+    log: Log,
+    rows: list[metrics.IterationRow],
+) -> LeagueDriver | None:
+    """Self-play: the league (the resumed checkpoint's, or a new one), started after the
+    last iteration so far. None for the other policy configurations."""
+    if game is None or game.policies != "self_play":
+        return None
+    resumed = (
+        checkpoints.read_league(checkpoints.resolve(options.resume, options.checkpoint_dir))
+        if options.resume is not None
+        else None
+    )
+    league = LeagueDriver(algo, resumed or League(options.self_play), log)
+    league.start(rows[-1].iteration if rows else 0)
+    return league
+
+
+def _follow_rescale(
+    rescaler: Rescaler, board: RunnerHealthBoard, pause: _Pause, stop: StopRequest
+) -> bool:
+    """Follow a rescale between iterations; False when no env runner is left to sample
+    with (the run waits for a game, see _Pause)."""
+    rescaler.between_iterations()
+    board.follow(rescaler.worker_indices())
+    if rescaler.runners == 0:
+        pause.wait(stop)
+        return False
+    pause.over()
+    return True
+
+
+def _iterate(
+    algo: Any,
+    options: TrainOptions,
+    stop: StopRequest,
+    log: Log,
+    board: RunnerHealthBoard,
+    rescaler: Rescaler | None,
+    league: LeagueDriver | None,
+    previous: int,
+) -> tuple[metrics.IterationRow, dict[str, Any]]:
+    """One training iteration: its row (with the runners' health and, in self-play, the
+    ratings) and RLlib's result."""
+    train_result = algo.train()
+    row = metrics.row_from_result(train_result, previous_steps=previous)
+    _check_runners(algo, board, stop, log, options.run_dir / EVENTS_NAME, rescaler)
+    row = replace(
+        row,
+        runners_healthy=board.healthy,
+        runners_total=board.total,
+        runners_unknown=board.unknown,
+    )
+    if league is not None:
+        row = replace(row, elo=league.after_iteration(row.iteration, train_result))
+    return row, train_result
+
+
+def _final_checkpoint(
+    algo: Any,
+    options: TrainOptions,
+    rows: list[metrics.IterationRow],
+    last_saved: int,
+    checkpoint: Path | None,
+    game: GameSpec | None,
+    league: LeagueDriver | None,
+) -> Path | None:
+    """After the loop: save the last iteration unless it is saved already; a resumed run
+    that had no iteration left to train reports the newest checkpoint."""
+    if rows and rows[-1].iteration != last_saved:
+        return _save(algo, options, rows[-1], game, league)
+    if rows and checkpoint is None:
+        return checkpoints.resolve(checkpoints.LATEST, options.checkpoint_dir)
+    return checkpoint
 
 
 class _Pause:

@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.endpoints import Endpoints
-from training.policies.self_play import Outcomes
+from training.policies.self_play import League, Outcomes
 from training.rllib.console import RayConsole
 from training.run import checkpoints
 from training.run.opponents import (
@@ -42,6 +42,9 @@ from training.run.opponents import (
     resolve_opponent,
     with_opponent,
 )
+
+if TYPE_CHECKING:
+    from training.policies.game_spec import GameSpec
 
 Log = Callable[[str], None]
 REPORT_NAME = "eval.json"
@@ -241,9 +244,6 @@ def _run_eval(
 ) -> EvalReport:
     import ray
 
-    from training.probe.discovery import discover_game
-    from training.probe.preflight import preflight
-    from training.rllib.algorithm import build_algo_config
     from training.run.driver import print_line
 
     console.quiet_driver_loggers()  # RLlib's logger exists once it is imported
@@ -255,87 +255,175 @@ def _run_eval(
     # No learners: nothing is trained. Everything else (runners, routing) as in training.
     endpoints = endpoints.model_copy(update={"num_learners": 0})
     try:
-        report = preflight(
-            endpoints,
-            timeout_s=options.preflight_timeout_s,
-            ray_address=options.ray_address,
-            runtime_env=console.runtime_env(options.ray_address or endpoints.ray.gcs_address),
-        )
-        console.capture_worker_output()
-        log(report.summary())
-        trained = checkpoints.read_game(path)
-        # The policies act as they were trained: the checkpoint's configuration.
-        game = discover_game(endpoints).with_policies(
-            trained.policies if trained is not None else "by_type"
-        )
-        league = checkpoints.read_league(path)
-        expected = league.settings.module_ids() if league is not None else game.policy_ids()
-        check_policies(expected, list(modules.keys()), path)
+        _preflight(endpoints, options, console, log)
+        game, league = _game_and_league(endpoints, path, modules)
         opponent = (
             resolve_opponent(options.opponent, league, path)
             if options.opponent is not None
             else None
         )
-        config = build_algo_config(
-            endpoints,
-            game,
-            algo=meta.algo,  # type: ignore[arg-type]
-            seed=options.seed,
-            request_timeout_s=options.request_timeout_s,
-            fault_wait_s=options.fault_wait_s,
-            self_play=league.settings if league is not None else None,
-            # Its modules are named for the path it trained on.
-            env_runner=meta.env_runner,
+        config = _eval_config(endpoints, game, meta, league, opponent, options)
+        summaries, games = _play(
+            config,
+            console,
+            modules,
+            opponent,
+            num_runners=endpoints.num_env_runners,
+            options=options,
+            log=log,
         )
-        if opponent is not None:
-            config = with_opponent(
-                config,
-                sorted(game.agents),
-                opponent,
-                sampled=not options.opponent_deterministic,
-            )
-        # Same action handling as the run that trained the policy.
-        config = config.environment(
-            normalize_actions=meta.normalize_actions, clip_actions=meta.clip_actions
-        ).env_runners(sample_timeout_s=ROUND_TIMEOUT_S)
-        with console.filtered_stderr():
-            algo = config.build_algo()
-        console.quiet_driver_loggers()  # Ray loggers first created by the build
-        try:
-            group = algo.env_runner_group
-            weights = modules.get_state(inference_only=True)
-            if opponent is not None and opponent.state is not None:
-                weights[OPPONENT] = opponent.state
-            _push_weights(group, weights)
-
-            def one_round(per_runner: int) -> list[dict[str, Any]]:
-                return group.foreach_env_runner(
-                    partial(sample_summaries, num_episodes=per_runner, explore=options.explore),
-                    local_env_runner=False,
-                )
-
-            summaries, games = collect(
-                one_round,
-                episodes=options.episodes,
-                num_runners=endpoints.num_env_runners,
-                timeout_s=options.timeout_s,
-                log=log,
-            )
-        finally:
-            algo.stop()
     finally:
         ray.shutdown()
+    result = _report(
+        path,
+        meta,
+        options,
+        summaries=summaries,
+        games=games,
+        num_runners=endpoints.num_env_runners,
+        opponent=opponent,
+        started=started,
+    )
+    options.report_path.parent.mkdir(parents=True, exist_ok=True)
+    options.report_path.write_text(json.dumps(result.model_dump(), indent=2) + "\n")
+    return result
+
+
+def _preflight(endpoints: Endpoints, options: EvalOptions, console: RayConsole, log: Log) -> None:
+    """Connect to Ray and check the games are free (no training run holds them)."""
+    from training.probe.preflight import preflight
+
+    report = preflight(
+        endpoints,
+        timeout_s=options.preflight_timeout_s,
+        ray_address=options.ray_address,
+        runtime_env=console.runtime_env(options.ray_address or endpoints.ray.gcs_address),
+    )
+    console.capture_worker_output()
+    log(report.summary())
+
+
+def _game_and_league(
+    endpoints: Endpoints, path: Path, modules: Any
+) -> tuple[GameSpec, League | None]:
+    """The game with the checkpoint's policies, and the checkpoint's league (self-play);
+    EvalError if the checkpoint's modules are not the policies the game has."""
+    from training.probe.discovery import discover_game
+
+    trained = checkpoints.read_game(path)
+    # The policies act as they were trained: the checkpoint's configuration.
+    game = discover_game(endpoints).with_policies(
+        trained.policies if trained is not None else "by_type"
+    )
+    league = checkpoints.read_league(path)
+    expected = league.settings.module_ids() if league is not None else game.policy_ids()
+    check_policies(expected, list(modules.keys()), path)
+    return game, league
+
+
+def _eval_config(
+    endpoints: Endpoints,
+    game: GameSpec,
+    meta: checkpoints.CheckpointMeta,
+    league: League | None,
+    opponent: Opponent | None,
+    options: EvalOptions,
+) -> Any:
+    """The algorithm config of the run that trained the checkpoint (no learners), with
+    the opponent, if any, in the seats the learner does not take."""
+    from training.rllib.algorithm import build_algo_config
+
+    config = build_algo_config(
+        endpoints,
+        game,
+        algo=meta.algo,  # type: ignore[arg-type]
+        seed=options.seed,
+        request_timeout_s=options.request_timeout_s,
+        fault_wait_s=options.fault_wait_s,
+        self_play=league.settings if league is not None else None,
+        # Its modules are named for the path it trained on.
+        env_runner=meta.env_runner,
+    )
+    if opponent is not None:
+        config = with_opponent(
+            config,
+            sorted(game.agents),
+            opponent,
+            sampled=not options.opponent_deterministic,
+        )
+    # Same action handling as the run that trained the policy.
+    return config.environment(
+        normalize_actions=meta.normalize_actions, clip_actions=meta.clip_actions
+    ).env_runners(sample_timeout_s=ROUND_TIMEOUT_S)
+
+
+def _weights(modules: Any, opponent: Opponent | None) -> dict[str, Any]:
+    """The checkpoint's inference weights, and a checkpoint opponent's under OPPONENT."""
+    weights = modules.get_state(inference_only=True)
+    if opponent is not None and opponent.state is not None:
+        weights[OPPONENT] = opponent.state
+    return weights
+
+
+def _play(
+    config: Any,
+    console: RayConsole,
+    modules: Any,
+    opponent: Opponent | None,
+    *,
+    num_runners: int,
+    options: EvalOptions,
+    log: Log,
+) -> tuple[list[dict[str, tuple[float, int]]], set[str]]:
+    """Build the env runners, give them the checkpoint's (and opponent's) weights and
+    sample `options.episodes` episodes: per episode its (return, length) by policy, and
+    the games that served them."""
+    with console.filtered_stderr():
+        algo = config.build_algo()
+    console.quiet_driver_loggers()  # Ray loggers first created by the build
+    try:
+        group = algo.env_runner_group
+        _push_weights(group, _weights(modules, opponent))
+
+        def one_round(per_runner: int) -> list[dict[str, Any]]:
+            return group.foreach_env_runner(
+                partial(sample_summaries, num_episodes=per_runner, explore=options.explore),
+                local_env_runner=False,
+            )
+
+        return collect(
+            one_round,
+            episodes=options.episodes,
+            num_runners=num_runners,
+            timeout_s=options.timeout_s,
+            log=log,
+        )
+    finally:
+        algo.stop()
+
+
+def _report(
+    path: Path,
+    meta: checkpoints.CheckpointMeta,
+    options: EvalOptions,
+    *,
+    summaries: list[dict[str, tuple[float, int]]],
+    games: set[str],
+    num_runners: int,
+    opponent: Opponent | None,
+    started: float,
+) -> EvalReport:
     per_policy: dict[str, list[tuple[float, int]]] = {}
     for summary in summaries:
         for pid, pair in summary.items():
             per_policy.setdefault(pid, []).append(pair)
-    result = EvalReport(
+    return EvalReport(
         checkpoint=str(path),
         iteration=meta.iteration,
         env_steps_trained=meta.env_steps_total,
         explore=options.explore,
         episodes=len(summaries),
-        env_runners=endpoints.num_env_runners,
+        env_runners=num_runners,
         games=sorted(games),
         wall_s=time.monotonic() - started,
         policies={pid: policy_stats(pairs) for pid, pairs in sorted(per_policy.items())},
@@ -346,9 +434,6 @@ def _run_eval(
             else None
         ),
     )
-    options.report_path.parent.mkdir(parents=True, exist_ok=True)
-    options.report_path.write_text(json.dumps(result.model_dump(), indent=2) + "\n")
-    return result
 
 
 def _opponent_label(opponent: Opponent, options: EvalOptions) -> str:
