@@ -21,8 +21,8 @@ from training.rllib.algorithm import build_ppo_config, path_of, policy_names
 from training.rllib.env_runner import UEConnection, UEEnvRunner, UEGameRunner
 from training.rllib.single_agent import SINGLE_AGENT_POLICY_KEY, UESingleAgentEnvRunner
 from training.run import checkpoints
-from training.run.driver import TrainOptions, _env_runner
 from training.run.metrics import IterationRow
+from training.run.options import TrainOptions, run_env_runner
 from training.run.runner_health import RunnerHealthBoard
 from training.run.tensorboard import scalars_for
 
@@ -144,7 +144,7 @@ def test_checkpoints_from_before_the_choice_are_multi_agent(tmp_path: Path) -> N
 
 def test_resume_keeps_the_checkpoints_runner(tmp_path: Path) -> None:
     single_agent_checkpoint(tmp_path)
-    assert _env_runner(parse(tmp_path, "--resume")) == "single_agent"
+    assert run_env_runner(parse(tmp_path, "--resume")) == "single_agent"
 
 
 def test_resume_with_another_runner_is_refused_naming_both(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_resume_with_another_runner_is_refused_naming_both(tmp_path: Path) -> No
     options = parse(tmp_path, "--resume", "--env-runner", "multi_agent")
     refused = r"--env-runner single_agent.*--env-runner multi_agent"
     with pytest.raises(checkpoints.CheckpointError, match=refused):
-        _env_runner(options)
+        run_env_runner(options)
 
 
 # -- a one-agent game that leaves its agent out of a step -----------------------------

@@ -19,7 +19,7 @@ from training.policies.game_spec import GameSpec
 from training.protocol.game_definition import AgentSpec
 from training.rllib.hparams import HyperparameterError
 from training.run import checkpoints
-from training.run.driver import TrainOptions, _policies
+from training.run.options import TrainOptions, run_policies
 
 CART = AgentSpec("cart", gym.spaces.Box(-1, 1, (4,), np.float32), gym.spaces.Discrete(2))
 PENDULUM = AgentSpec(
@@ -124,7 +124,7 @@ def test_a_bad_value_in_the_file_names_the_file(tmp_path: Path) -> None:
 
 
 def test_without_a_choice_a_new_run_is_by_type(tmp_path: Path) -> None:
-    assert _policies(parse(tmp_path)) == "by_type"
+    assert run_policies(parse(tmp_path)) == "by_type"
 
 
 class SavedAlgo:
@@ -143,10 +143,10 @@ def checkpoint(tmp_path: Path, game: GameSpec) -> Path:
 
 def test_a_resumed_run_keeps_the_checkpoints_configuration(tmp_path: Path) -> None:
     path = checkpoint(tmp_path, two_teams().with_policies("independent"))
-    assert _policies(parse(tmp_path, "--resume", str(path))) == "independent"
+    assert run_policies(parse(tmp_path, "--resume", str(path))) == "independent"
 
 
 def test_a_resumed_run_cannot_change_the_configuration(tmp_path: Path) -> None:
     path = checkpoint(tmp_path, two_teams().with_policies("independent"))
     with pytest.raises(checkpoints.CheckpointError, match="its policies are independent"):
-        _policies(parse(tmp_path, "--resume", str(path), "--policies", "by_type"))
+        run_policies(parse(tmp_path, "--resume", str(path), "--policies", "by_type"))

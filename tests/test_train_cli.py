@@ -156,3 +156,19 @@ def test_eval_checks_the_checkpoint_before_asking_for_endpoints(tmp_path: Path) 
     assert result.stderr.strip().splitlines() == [
         f"uerl eval: --checkpoint {tmp_path / 'nope'}: no such checkpoint directory"
     ]
+
+
+@pytest.mark.parametrize(
+    "argv", [["train", "--iterations", "0"], ["local", "--envs", "0"], ["eval", "--episodes", "0"]]
+)
+def test_a_bad_flag_is_refused_before_ray_rllib_or_torch_is_imported(argv: list[str]) -> None:
+    # The flags are checked against training.run.options, apart from the driver (RLlib).
+    script = (
+        "import sys\nfrom training.cli import main\n"
+        f"try:\n    main({argv!r})\nexcept SystemExit as exc:\n    print('exit', exc.code)\n"
+        "print(sorted(m for m in ('ray', 'ray.rllib', 'torch') if m in sys.modules))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.stdout.splitlines() == ["exit 2", "[]"], proc.stdout + proc.stderr

@@ -205,7 +205,7 @@ def main(argv: Sequence[str]) -> int:
     from training.local.local_topology import StackConfigError
     from training.rllib.hparams import HyperparameterError
     from training.run.checkpoints import CheckpointError
-    from training.run.driver import check_before_start
+    from training.run.options import check_before_start
 
     try:
         topology = _load_topology(args)

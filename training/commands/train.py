@@ -14,7 +14,7 @@ from infra.endpoints import Endpoints, EndpointsError
 from training.commands.training_options import add_training_args, options_from_args
 from training.rllib.hparams import HyperparameterError
 from training.run.checkpoints import CheckpointError
-from training.run.driver import check_before_start
+from training.run.options import check_before_start
 from training.run.stop import StopRequest
 
 PROG = "uerl train"

@@ -18,7 +18,7 @@ from training.policies.configurations import (
 from training.policies.self_play import MAX_WINDOW, SelfPlaySettings
 from training.rllib import hparams as hp
 from training.run import checkpoints
-from training.run.driver import DEFAULT_ITERATIONS, TrainOptions
+from training.run.options import DEFAULT_ITERATIONS, TrainOptions
 
 # The key of the --hparams YAML that chooses the policy configuration.
 POLICIES_KEY = "policies"

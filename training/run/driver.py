@@ -14,24 +14,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from infra.endpoints import Endpoints
-from training.policies.configurations import DEFAULT as DEFAULT_POLICIES
-from training.policies.configurations import PolicyConfiguration, check_fits
 from training.policies.game_spec import GameSpec
 from training.policies.self_play import League, SelfPlaySettings
 from training.rescale.endpoints_watch import EndpointsWatch
 from training.rescale.rescaler import Rescaler
 from training.rllib.console import RayConsole
-from training.rllib.hparams import Algo, EnvRunnerChoice
 from training.run import checkpoints, metrics
 from training.run.league import LeagueDriver
+from training.run.options import TrainOptions, run_env_runner, run_policies
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
 from training.run.tensorboard import TensorBoardWriter
 
-DEFAULT_ITERATIONS = 10
 CSV_NAME = "metrics.csv"
 PNG_NAME = "learning_curve.png"
 EVENTS_NAME = "game_events.jsonl"
@@ -50,50 +45,6 @@ def print_line(line: str) -> None:
     """Print and flush: under `ray job submit` stdout is a file, and `ray job logs`
     shows only what was flushed, so unflushed progress lines would come at the end."""
     print(line, flush=True)
-
-
-class TrainOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    algo: Algo = "PPO"
-    # Totals, counted across resumes: `--iterations 6 --resume` after 4 runs 2 more.
-    iterations: int | None = Field(default=None, ge=1)
-    timesteps: int | None = Field(default=None, ge=1)
-    # Also stop once the episode return mean reaches this (e.g. a solved env).
-    stop_return: float | None = None
-    run_dir: Path
-    checkpoint_dir: Path
-    checkpoint_every: int = Field(default=5, ge=1)
-    resume: str | None = None
-    hparams: dict[str, Any]
-    seed: int | None = None
-    preflight_timeout_s: float = Field(default=30.0, gt=0)
-    # Per game RPC: how long a hung game can hold up its env runner.
-    request_timeout_s: float = Field(default=5.0, gt=0)
-    # While a game is down, each sample() of its runner waits at most this for it.
-    fault_wait_s: float = Field(default=2.0, gt=0)
-    # Stop (final checkpoint, exit 1) once no game has answered for this long.
-    game_down_limit_s: float = Field(default=300.0, gt=0)
-    # Overrides endpoints.ray.gcs_address (e.g. a port-forward or ray://).
-    ray_address: str | None = None
-    # Which policy each agent acts with; None: the checkpoint's on --resume, else by_type.
-    policies: PolicyConfiguration | None = None
-    # --policies self_play: snapshots every K iterations, window W, chance P of the current.
-    self_play: SelfPlaySettings = Field(default_factory=SelfPlaySettings)
-    # RLlib's single-agent or multi-agent runner and episodes; auto: single-agent for
-    # games with one agent per environment. --resume keeps the checkpoint's.
-    env_runner: EnvRunnerChoice = "auto"
-    # Re-read between iterations: games and env runners follow its num_env_runners
-    # (a rescale while training). None: the run keeps the games it started with.
-    endpoints_file: Path | None = None
-    # Ray's and RLlib's own output on the console too, as Ray prints it (--verbose).
-    verbose: bool = False
-
-    @model_validator(mode="after")
-    def _default_stop(self) -> TrainOptions:
-        if self.iterations is None and self.timesteps is None:
-            self.iterations = DEFAULT_ITERATIONS
-        return self
 
 
 @dataclass
@@ -169,7 +120,7 @@ def _run_training(
         console.capture_worker_output()
         stop.reinstall()
         log(report.summary())
-        game = discover_game(endpoints).with_policies(_policies(options))
+        game = discover_game(endpoints).with_policies(run_policies(options))
         log(
             f"game: {game.num_envs} env(s) per instance, agents {sorted(game.agents)}, "
             f"policies {game.policy_ids()} ({game.policies})"
@@ -184,7 +135,7 @@ def _run_training(
             fault_wait_s=options.fault_wait_s,
             give_up_after_s=options.game_down_limit_s,
             self_play=_league_settings(options),
-            env_runner=_env_runner(options),
+            env_runner=run_env_runner(options),
         )
         log(
             f"building {options.algo}: {endpoints.num_env_runners} env runner(s) "
@@ -220,45 +171,6 @@ def _run_training(
     result.csv_path, result.png_path = _write_artefacts(options, result.rows)
     result.wall_s = time.monotonic() - started
     return result
-
-
-def check_before_start(options: TrainOptions, *, num_learners: int) -> None:
-    """Contradictions the arguments already show (ctde with APPO or with more than one
-    learner, a resumed checkpoint's other policies or env runner), found before Ray or any
-    game starts. Those that need the game (ctde on a one-agent game) wait for discovery."""
-    check_fits(_policies(options), algo=options.algo, num_learners=num_learners)
-    _env_runner(options)
-
-
-def _policies(options: TrainOptions) -> PolicyConfiguration:
-    """The run's policy configuration: asked for, else the resumed checkpoint's, else
-    by_type. A resumed run cannot change it: its policies are the checkpoint's modules."""
-    trained: PolicyConfiguration | None = None
-    if options.resume is not None:
-        path = checkpoints.resolve(options.resume, options.checkpoint_dir)
-        game = checkpoints.read_game(path)
-        trained = game.policies if game is not None else DEFAULT_POLICIES
-        if options.policies is not None and options.policies != trained:
-            raise checkpoints.CheckpointError(
-                f"--resume {path}: its policies are {trained}, this run asks "
-                f"--policies {options.policies}; resume without --policies, or start a new run"
-            )
-    return options.policies or trained or DEFAULT_POLICIES
-
-
-def _env_runner(options: TrainOptions) -> EnvRunnerChoice:
-    """The run's env runner path: asked for, else the resumed checkpoint's (its modules are
-    named for that path), else auto."""
-    if options.resume is None:
-        return options.env_runner
-    path = checkpoints.resolve(options.resume, options.checkpoint_dir)
-    trained = checkpoints.read_meta(path).env_runner
-    if options.env_runner not in ("auto", trained):
-        raise checkpoints.CheckpointError(
-            f"--resume {path}: it was trained with --env-runner {trained}, this run asks "
-            f"--env-runner {options.env_runner}; resume without --env-runner, or start a new run"
-        )
-    return trained
 
 
 def _league_settings(options: TrainOptions) -> SelfPlaySettings:
