@@ -23,6 +23,7 @@ from infra import manifests
 from infra.components import (
     KubeRayOperator,
     StackNetworkPolicies,
+    StackServiceAccounts,
     UeExecutablesVolume,
     UeGames,
     UerlRayCluster,
@@ -59,6 +60,12 @@ def main() -> None:
     base: list[pulumi.Resource] = []
     if objects.namespace is not None:
         base.append(register(objects.namespace, pulumi.ResourceOptions()))
+    # Pods may run as these: they exist before any pod does.
+    accounts: list[pulumi.Resource] = []
+    if objects.service_accounts:
+        accounts += StackServiceAccounts(
+            "service-accounts", objects.service_accounts, depends_on=base
+        ).accounts
 
     operator_deps: list[pulumi.Resource] = []
     if objects.operator is not None:
@@ -70,14 +77,14 @@ def main() -> None:
         )
         operator_deps.append(operator.chart)
 
-    game_deps = list(base)
+    game_deps = [*base, *accounts]
     if topology.uses_executables:
         volume = UeExecutablesVolume(
             "ue-executables",
             topology.claim_name,
             objects.pvc,
             objects.loader_job,
-            depends_on=base,
+            depends_on=[*base, *accounts],
         )
         game_deps += volume.ready
 
@@ -88,7 +95,8 @@ def main() -> None:
         game_deps += fence.policies
 
     # Sidecar games run inside the RayCluster's worker pods.
-    cluster_deps = [*operator_deps, *(game_deps if topology.pattern == "sidecar" else base)]
+    pod_deps = game_deps if topology.pattern == "sidecar" else [*base, *accounts]
+    cluster_deps = [*operator_deps, *pod_deps]
     UerlRayCluster(topology.name, objects.raycluster, objects.endpoints, depends_on=cluster_deps)
 
     if objects.ue_statefulset is not None and objects.ue_service is not None:

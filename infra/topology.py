@@ -9,9 +9,11 @@ Imports only pydantic.
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 import string
 import typing
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -55,6 +57,36 @@ RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # 448 to 896 vCPUs), so a larger figure is a typo (`1e9`) that would leave every pod
 # pending for ever rather than a real request.
 MAX_CPUS = 1024
+# What a container's GPUs are called unless the topology says otherwise (NVIDIA's device plugin).
+GPU_RESOURCE = "nvidia.com/gpu"
+# /dev/shm of a Ray container, as a fraction of its memory unless sized: Ray's object
+# store takes this share of the memory by default and lives in /dev/shm.
+SHM_MEMORY_FRACTION = 0.3
+# The labels uerl puts on every object and pod (infra/manifests/common.py): the games'
+# Service and the NetworkPolicies select pods by them, so no group's `labels` may set one.
+OWN_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+)
+# KubeRay labels the Ray pods `ray.io/...` and finds them by those labels; a pod
+# template's own value replaces some of KubeRay's (and is ignored for others).
+KUBERAY_LABEL_PREFIX = "ray.io/"
+# What a Kubernetes affinity holds, and what a topology spread constraint must.
+AFFINITY_KINDS = frozenset({"nodeAffinity", "podAffinity", "podAntiAffinity"})
+SPREAD_REQUIRED = ("maxSkew", "topologyKey", "whenUnsatisfiable")
+# A label value, and the name in a label or annotation key (after an optional DNS
+# subdomain and `/`).
+QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# Binary and decimal suffixes of a Kubernetes quantity, as multipliers.
+QUANTITY_SUFFIXES = {
+    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: 1000.0 ** (i + 1) for i, s in enumerate("kMGTPE")},
+    **{s: 1000.0 ** -(i + 1) for i, s in enumerate("mun")},
+    "": 1,
+}
 
 Pattern = Literal["sidecar", "networked"]
 
@@ -138,6 +170,129 @@ def _resource_name(value: str) -> str:
 ResourceName = Annotated[str, BeforeValidator(_config_text), AfterValidator(_resource_name)]
 
 
+def quantity_value(value: str) -> float:
+    """A valid quantity's amount in its unit: "4Gi" -> 4294967296.0, "1e3" -> 1000.0."""
+    match = QUANTITY.match(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    number, suffix = float(match.group(1)), match.group(3) or ""
+    if suffix[:1] in ("e", "E") and suffix[1:2] not in ("", "i"):  # an exponent, not exa
+        return number * 10.0 ** int(suffix[1:])
+    return number * QUANTITY_SUFFIXES[suffix]
+
+
+def _subdomain(value: str, *, kind: str) -> str:
+    if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"{value!r} is not a {kind} name (a DNS-1123 subdomain: lowercase "
+            "letters, digits, '-' and '.', at most 253 characters)"
+        )
+    return value
+
+
+def _object_name(kind: str) -> Any:
+    return Annotated[
+        str, BeforeValidator(_config_text), AfterValidator(partial(_subdomain, kind=kind))
+    ]
+
+
+SecretName = _object_name("Secret")
+AccountName = _object_name("ServiceAccount")
+PriorityClassName = _object_name("PriorityClass")
+
+
+def _extended_resource(value: str) -> str:
+    domain, _, name = value.partition("/")
+    if (
+        not name
+        or len(domain) > 253
+        or not DNS1123_SUBDOMAIN.match(domain)
+        or domain == "kubernetes.io"
+        or domain.endswith(".kubernetes.io")
+        or len(name) > 63
+        or not QUALIFIED_NAME.match(name)
+    ):
+        raise ValueError(
+            f"{value!r} is not an extended resource name (a domain outside kubernetes.io, "
+            "'/' and a name, e.g. nvidia.com/gpu or amd.com/gpu)"
+        )
+    return value
+
+
+GpuResource = Annotated[str, BeforeValidator(_config_text), AfterValidator(_extended_resource)]
+
+
+def _qualified_key(key: str) -> bool:
+    prefix, slash, name = key.rpartition("/")
+    if slash and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
+        return False
+    return len(name) <= 63 and bool(QUALIFIED_NAME.match(name))
+
+
+def _metadata_keys(value: dict[str, str]) -> dict[str, str]:
+    for key in value:
+        if not _qualified_key(key):
+            raise ValueError(
+                f"{key!r} is not a label or annotation key (an optional DNS subdomain and "
+                "'/', then at most 63 letters, digits, '-', '_' and '.', starting and "
+                "ending alphanumeric)"
+            )
+    return value
+
+
+def _labels(value: dict[str, str]) -> dict[str, str]:
+    _metadata_keys(value)
+    for key, text in value.items():
+        if key in OWN_LABELS:
+            raise ValueError(
+                f"{key!r} is one of uerl's own labels (the games' Service and the "
+                "NetworkPolicies find the pods by them): choose another key"
+            )
+        if key.startswith(KUBERAY_LABEL_PREFIX):
+            raise ValueError(
+                f"{key!r}: labels starting {KUBERAY_LABEL_PREFIX!r} are KubeRay's (it finds "
+                "the Ray pods by them): choose another key"
+            )
+        if text and (len(text) > 63 or not QUALIFIED_NAME.match(text)):
+            raise ValueError(
+                f"{text!r} (label {key!r}) is not a label value (at most 63 letters, digits, "
+                "'-', '_' and '.', starting and ending alphanumeric)"
+            )
+    return value
+
+
+Labels = Annotated[dict[Text, Text], AfterValidator(_labels)]
+Annotations = Annotated[dict[Text, Text], AfterValidator(_metadata_keys)]
+
+
+def _affinity(value: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(value) - AFFINITY_KINDS
+    if unknown:
+        raise ValueError(
+            f"{sorted(unknown)} not in a Kubernetes affinity, which has "
+            f"{', '.join(sorted(AFFINITY_KINDS))}"
+        )
+    for kind, rules in value.items():
+        if not isinstance(rules, dict):
+            raise ValueError(f"{kind} must be a mapping, got {type(rules).__name__}")
+    return value
+
+
+Affinity = Annotated[dict[str, Any], AfterValidator(_affinity)]
+
+
+def _spread_constraint(value: dict[str, Any]) -> dict[str, Any]:
+    missing = [key for key in SPREAD_REQUIRED if key not in value]
+    if missing:
+        raise ValueError(
+            f"a topology spread constraint needs {', '.join(missing)} (Kubernetes' names)"
+        )
+    return value
+
+
+SpreadConstraint = Annotated[dict[str, Any], AfterValidator(_spread_constraint)]
+
+
 class Toleration(_Spec):
     """A Kubernetes toleration of the group's pods (the pod spec's own fields)."""
 
@@ -182,10 +337,121 @@ class Toleration(_Spec):
         return out
 
 
-class HeadSpec(_Spec):
+class ServiceAccountSpec(_Spec):
+    """The Kubernetes service account the group's pods run as, e.g. one bound to a cloud
+    identity (GKE Workload Identity, EKS IAM roles for service accounts, Azure Workload
+    Identity)."""
+
+    # The account's name, in the stack's namespace.
+    name: AccountName
+    # Create the account with the stack (and delete it with it); false: it must exist.
+    create: bool = False
+    # Annotations of the account the stack creates, e.g.
+    # `{eks.amazonaws.com/role-arn: arn:aws:iam::123456789012:role/uerl}`.
+    annotations: Annotations = {}
+    # Mount the account's Kubernetes API token in the pods. Off: nothing uerl runs calls
+    # the Kubernetes API, and cloud workload identity does without it.
+    automount_token: bool = False
+
+    @model_validator(mode="after")
+    def _annotations_need_create(self) -> ServiceAccountSpec:
+        if self.annotations and not self.create:
+            raise FieldError(
+                ("annotations",),
+                f"the stack annotates only an account it creates: set create true, or "
+                f"annotate {self.name!r} where it is made",
+            )
+        return self
+
+
+class PodSpec(_Spec):
+    """Where a group's pods run and as whom: every pod uerl makes has these fields."""
+
+    # Node labels the group's pods must be scheduled on.
+    node_selector: dict[Text, Text] = {}
+    # Taints the group's pods tolerate.
+    tolerations: list[Toleration] = []
+    # The pods' Kubernetes affinity (`nodeAffinity`, `podAffinity`, `podAntiAffinity`),
+    # passed through as written.
+    affinity: Affinity | None = None
+    # The PriorityClass of the group's pods (it must exist). None: the cluster's default.
+    priority_class_name: PriorityClassName | None = None
+    # Extra labels of the group's pods (not uerl's `app.kubernetes.io/` ones, nor KubeRay's
+    # `ray.io/` ones).
+    labels: Labels = {}
+    # Extra annotations of the group's pods.
+    annotations: Annotations = {}
+    # Secrets (kubernetes.io/dockerconfigjson, in the stack's namespace) the kubelet pulls
+    # every image of the group's pods with.
+    image_pull_secrets: list[SecretName] = []
+    # The account the group's pods run as. None: the namespace's `default`, its API token
+    # mounted as the cluster does by default.
+    service_account: ServiceAccountSpec | None = None
+
+    @classmethod
+    def pod_field_names(cls) -> tuple[str, ...]:
+        """The fields of the group's pod (not of a container in it)."""
+        return tuple(PodSpec.model_fields)
+
+    def pod_fields_set(self) -> list[str]:
+        """The pod fields given a value other than their default."""
+        fields = type(self).model_fields
+        return [n for n in self.pod_field_names() if getattr(self, n) != fields[n].get_default()]
+
+
+class SizedSpec(_Spec):
+    """The size of the container a group runs."""
+
+    # CPUs of the container (fractions become millicores).
+    cpus: float = Field(default=1, gt=0, le=MAX_CPUS)
+    # Memory of the container, a Kubernetes quantity (requests = limits).
+    memory: Quantity = "2Gi"
+    # CPU limits equal to `cpus` (Guaranteed QoS: the container gets what it asked for and
+    # no more); false: CPU requests only, so it may use idle CPUs of its node.
+    cpu_limits: bool = True
+    # Node disk requested for what the container writes (its root filesystem, /tmp), a
+    # Kubernetes quantity; a request for the scheduler, not a limit. None: no request.
+    ephemeral_storage: Quantity | None = None
+
+
+class _RaySizedSpec(SizedSpec):
+    # Node disk requested for the Ray container's writes: Ray's session logs and spilled
+    # objects in /tmp, runs started under $HOME (a request, not a limit). None: no request.
+    ephemeral_storage: Quantity | None = "1Gi"
+    # Size of the Ray container's /dev/shm (memory-backed: Ray's object store lives there,
+    # and it counts against `memory`). None: 30% of `memory`, the object store's default.
+    shm_size: Quantity | None = None
+
+    @model_validator(mode="after")
+    def _shm_fits(self) -> _RaySizedSpec:
+        if self.shm_size is not None and quantity_value(self.shm_size) >= quantity_value(
+            self.memory
+        ):
+            raise FieldError(
+                ("shm_size",),
+                f"{self.shm_size} is not below memory {self.memory}: /dev/shm is memory "
+                "the container's limit counts, Ray needs the rest",
+            )
+        return self
+
+    @property
+    def shm_ref(self) -> str:
+        """`shm_size`, or SHM_MEMORY_FRACTION of `memory` in whole MiB."""
+        if self.shm_size is not None:
+            return self.shm_size
+        amount = quantity_value(self.memory) * SHM_MEMORY_FRACTION
+        mebibytes = math.floor(amount / 2**20)
+        return f"{mebibytes}Mi" if mebibytes else str(math.floor(amount))
+
+
+class RayGroupSpec(PodSpec, _RaySizedSpec):
+    """A group of Ray pods: its container's size, where its pods run and as whom."""
+
+
+class HeadSpec(RayGroupSpec):
     """The Ray head pod. It schedules no work (num-cpus 0): these are its container's size."""
 
-    # CPUs of the head container (requests = limits).
+    # CPUs of the head container.
     cpus: float = Field(default=1, gt=0, le=MAX_CPUS)
     # Memory of the head container, a Kubernetes quantity.
     memory: Quantity = "4Gi"
@@ -196,8 +462,8 @@ class RaySpec(_Spec):
 
     # Ray version of the cluster; must equal the training package's pin.
     version: Text = Field(default=RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
-    # Ray image for head and workers (it needs uerl installed). None:
-    # `uerl/ray:<version>-py311-cpu` (docker/ray.Dockerfile).
+    # Ray image for head and workers, and learners unless `learners.image` (it needs uerl
+    # installed). None: `uerl/ray:<version>-py311-cpu` (docker/ray.Dockerfile).
     image: Text | None = None
     head: HeadSpec = HeadSpec()
     # How long `pulumi up` gives KubeRay to create the Ray pods and `ray start`
@@ -211,15 +477,11 @@ class RaySpec(_Spec):
         return self.image or f"uerl/ray:{self.version}-{PYTHON_TAG}-cpu"
 
 
-class _NodeGroupSpec(_Spec):
-    # CPUs of each node's Ray container (requests = limits; fractions become millicores).
+class _NodeGroupSpec(RayGroupSpec):
+    # CPUs of each node's Ray container (fractions become millicores).
     cpus: float = Field(default=1, gt=0, le=MAX_CPUS)
     # Memory of each node's Ray container, a Kubernetes quantity.
     memory: Quantity = "2Gi"
-    # Node labels the group's pods must be scheduled on.
-    node_selector: dict[Text, Text] = {}
-    # Taints the group's pods tolerate.
-    tolerations: list[Toleration] = []
 
 
 class LearnerSpec(_NodeGroupSpec):
@@ -232,12 +494,17 @@ class LearnerSpec(_NodeGroupSpec):
 
     # X: how many learner nodes (one RLlib learner each); 0 learns on the driver.
     replicas: int = Field(default=1, ge=0, le=256)
-    # CPUs of each learner's Ray container (requests = limits).
+    # CPUs of each learner's Ray container.
     cpus: float = Field(default=2, gt=0, le=MAX_CPUS)
     # Memory of each learner's Ray container, a Kubernetes quantity.
     memory: Quantity = "4Gi"
-    # `nvidia.com/gpu` per learner.
+    # GPUs per learner, asked for as `gpu_resource`.
     gpus: int = Field(default=0, ge=0, le=16)
+    # The extended resource the learners' GPUs are, e.g. `amd.com/gpu`.
+    gpu_resource: GpuResource = GPU_RESOURCE
+    # The learners' image, e.g. a CUDA build of the Ray image (the same Ray, Python and
+    # uerl). None: the Ray image (`ray.image`).
+    image: Text | None = None
 
 
 class WorkerSpec(_NodeGroupSpec):
@@ -257,20 +524,10 @@ class GameTLSSpec(_Spec):
     the certificate names the hosts env runners dial (`uerl tls-secret` says which)."""
 
     # The Secret's name (it holds ca.crt, tls.crt, tls.key).
-    secret: Text
+    secret: SecretName
     # Games accept only clients presenting a certificate the Secret's CA signed; env
     # runners present the Secret's own certificate (it must allow client auth).
     mutual: bool = False
-
-    @field_validator("secret")
-    @classmethod
-    def _secret_name(cls, value: str) -> str:
-        if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
-            raise ValueError(
-                f"{value!r} is not a Secret name (a DNS-1123 subdomain: lowercase "
-                "letters, digits, '-' and '.', at most 253 characters)"
-            )
-        return value
 
 
 SIMULATOR_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -295,8 +552,10 @@ LOOPBACK = "127.0.0.1"
 ALL_INTERFACES = "0.0.0.0"
 
 
-class SimulatorSpec(_Spec):
-    """The game: one instance per env runner (plus an optional discovery instance)."""
+class SimulatorSpec(PodSpec, SizedSpec):
+    """The game: one instance per env runner (plus an optional discovery instance). Its
+    pod fields (`node_selector` ... `service_account`, `topology_spread_constraints`) are
+    the networked games' pods'; a sidecar game runs in the workers' pod."""
 
     # `unreal`: a packaged build on the shared volume; `mock`: `uerl mock-ue`, no volume.
     kind: Literal["unreal", "mock"] = "unreal"
@@ -323,12 +582,17 @@ class SimulatorSpec(_Spec):
     internal_port: int | None = Field(default=None, ge=1, le=65535)
     # The image running that forwarder (its `python`, standard library only).
     forwarder_image: Text = FORWARDER_IMAGE
-    # CPUs of the game container (requests = limits).
+    # CPUs of the game container.
     cpus: float = Field(default=2, gt=0, le=MAX_CPUS)
     # Memory of the game container, a Kubernetes quantity.
     memory: Quantity = "4Gi"
-    # `nvidia.com/gpu` of the game container.
+    # GPUs of the game container, asked for as `gpu_resource`.
     gpus: int = Field(default=0, ge=0, le=16)
+    # The extended resource the game's GPUs are, e.g. `amd.com/gpu`.
+    gpu_resource: GpuResource = GPU_RESOURCE
+    # How the networked games spread over nodes or zones: Kubernetes topology spread
+    # constraints, passed through; one without `labelSelector` selects the stack's games.
+    topology_spread_constraints: list[SpreadConstraint] = []
     # Extra environment of the game (an unreal game also gets HOME=/tmp).
     env: dict[Text, Text] = {}
     # Time the game has to open its port before it is restarted (startup probe).
@@ -340,6 +604,10 @@ class SimulatorSpec(_Spec):
     # `worker1`: discovery reuses instance 1 (a game serves one client at a time,
     # and discovery closes its session before training starts).
     discovery: Literal["dedicated", "worker1"] = "dedicated"
+
+    @classmethod
+    def pod_field_names(cls) -> tuple[str, ...]:
+        return (*super().pod_field_names(), "topology_spread_constraints")
 
     @field_validator("command", "args")
     @classmethod
@@ -404,6 +672,10 @@ class SimulatorSpec(_Spec):
         )
 
 
+class LoaderSpec(PodSpec):
+    """The loader Job's pod (with `source_url`): where it runs and as whom."""
+
+
 class ExecutablesSpec(_Spec):
     """The shared volume holding the packaged game, mounted read-only into every UE container."""
 
@@ -426,6 +698,7 @@ class ExecutablesSpec(_Spec):
     # How long `pulumi up` waits for the loader Job. A claim the storage cannot
     # provide (no ReadWriteMany) keeps the Job pending for all of it.
     loader_timeout_s: int = Field(default=3600, ge=60, le=86400)
+    loader: LoaderSpec = LoaderSpec()
 
     @field_validator("existing_claim")
     @classmethod
@@ -544,6 +817,40 @@ class Topology(_Spec):
             )
         return self
 
+    @model_validator(mode="after")
+    def _pod_fields_have_a_pod(self) -> Topology:
+        # A field that places no pod would be ignored without a word.
+        games = self.simulator.pod_fields_set()
+        if self.pattern == "sidecar" and games:
+            raise FieldError(
+                ("simulator", games[0]),
+                "sidecar games run in the workers' pods, which the workers' fields place "
+                "and name: pattern 'networked' gives games pods of their own",
+            )
+        loader = self.executables.loader.pod_fields_set()
+        if not self.has_loader and loader:
+            raise FieldError(
+                ("executables", "loader", loader[0]),
+                "no loader Job runs: it runs for executables.source_url with an unreal game",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_account_per_name(self) -> Topology:
+        created: dict[str, tuple[tuple[str, ...], ServiceAccountSpec]] = {}
+        for path, group in self.pod_groups().items():
+            account = group.service_account
+            if account is None or not account.create:
+                continue
+            first_path, first = created.setdefault(account.name, (path, account))
+            if first.annotations != account.annotations:
+                raise FieldError(
+                    (*path, "service_account", "annotations"),
+                    f"{account.name!r} is created for {format_path(first_path)} too, with "
+                    "other annotations: give both the same",
+                )
+        return self
+
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, value: str) -> str:
@@ -564,6 +871,33 @@ class Topology(_Spec):
         """Only an Unreal build lives on the shared volume; the mock game is in its image
         (and dev clusters often have no ReadWriteMany storage)."""
         return self.simulator.kind == "unreal"
+
+    @property
+    def has_loader(self) -> bool:
+        """A Job unpacks `executables.source_url` into the volume."""
+        return self.uses_executables and self.executables.source_url is not None
+
+    def pod_groups(self) -> dict[tuple[str, ...], PodSpec]:
+        """The groups whose pods this topology makes, by config path."""
+        groups: dict[tuple[str, ...], PodSpec] = {
+            ("ray", "head"): self.ray.head,
+            ("learners",): self.learners,
+            ("workers",): self.workers,
+        }
+        if self.pattern == "networked":
+            groups[("simulator",)] = self.simulator
+        if self.has_loader:
+            groups[("executables", "loader")] = self.executables.loader
+        return groups
+
+    def created_service_accounts(self) -> list[ServiceAccountSpec]:
+        """The accounts the stack creates, one per name."""
+        out: dict[str, ServiceAccountSpec] = {}
+        for group in self.pod_groups().values():
+            account = group.service_account
+            if account is not None and account.create:
+                out.setdefault(account.name, account)
+        return list(out.values())
 
     @property
     def has_dedicated_discovery(self) -> bool:

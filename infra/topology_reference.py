@@ -62,7 +62,19 @@ def _field_sources(model: type[BaseModel]) -> dict[str, tuple[str, str]]:
 
 
 # Aliases of `infra/topology.py`, as a reader of the reference wants them spelled.
-ALIASES = {"Text": "str", "Quantity": "quantity", "Cidr": "CIDR"}
+ALIASES = {
+    "Text": "str",
+    "Quantity": "quantity",
+    "Cidr": "CIDR",
+    "SecretName": "str",
+    "AccountName": "str",
+    "PriorityClassName": "str",
+    "GpuResource": "str",
+    "Labels": "dict[str, str]",
+    "Annotations": "dict[str, str]",
+    "Affinity": "dict",
+    "SpreadConstraint": "dict",
+}
 
 
 def _type(written: str) -> str:

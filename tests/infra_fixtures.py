@@ -28,6 +28,57 @@ DEFAULT_CRD = KUBERAY_CHART / "crds" / "ray.io_rayclusters.yaml"
 PULUMI_PROJECT_SCHEMA = THIRD_PARTY / "pulumi-project-schema-v3.259.0" / "project.json"
 HARNESS = Path(__file__).resolve().parent / "pulumi_harness.py"
 
+# The groups whose pods a topology places, by config path (the networked games and the
+# loader Job have pods of their own only in OWN_CLUSTER's pattern and with its build).
+POD_GROUPS = ("ray.head", "learners", "workers", "simulator", "executables.loader")
+SERVICE_ACCOUNT = "uerl-runner"
+WORKLOAD_IDENTITY = {"iam.gke.io/gcp-service-account": "uerl@project.iam.gserviceaccount.com"}
+
+
+def pod_fields(group: str) -> list[str]:
+    """Every pod field of `group` set, as `pulumi config set --path` would."""
+    prefix = f"topology.{group}"
+    term = f"{prefix}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    expression = f"{term}.nodeSelectorTerms[0].matchExpressions[0]"
+    ((annotation, identity),) = WORKLOAD_IDENTITY.items()
+    return [
+        f"{prefix}.node_selector.pool={group.split('.')[-1]}",
+        f"{prefix}.tolerations[0].key=dedicated",
+        f"{prefix}.tolerations[0].value=uerl",
+        f"{prefix}.tolerations[0].effect=NoSchedule",
+        f"{expression}.key=kubernetes.io/arch",
+        f"{expression}.operator=In",
+        f"{expression}.values[0]=amd64",
+        f"{prefix}.priority_class_name=uerl-high",
+        f"{prefix}.labels.team=rl",
+        f'{prefix}.annotations["example.com/owner"]=rl-team',
+        f"{prefix}.image_pull_secrets[0]=registry",
+        f"{prefix}.service_account.name={SERVICE_ACCOUNT}",
+        f"{prefix}.service_account.create=true",
+        f'{prefix}.service_account.annotations["{annotation}"]={identity}',
+    ]
+
+
+# A team's own cluster: every pod placed and named, images per group, other GPUs.
+OWN_CLUSTER = [
+    "topology.pattern=networked",
+    "topology.simulator.kind=unreal",
+    "topology.executables.source_url=https://example.com/builds/game.tar.gz",
+    "topology.learners.image=registry.example.com/uerl/ray:2.60.0-py311-rocm",
+    "topology.learners.gpus=2",
+    "topology.learners.gpu_resource=amd.com/gpu",
+    "topology.simulator.gpus=1",
+    "topology.simulator.gpu_resource=gpu.intel.com/i915",
+    "topology.learners.cpu_limits=false",
+    "topology.simulator.cpu_limits=false",
+    "topology.workers.shm_size=256Mi",
+    "topology.simulator.ephemeral_storage=10Gi",
+    "topology.simulator.topology_spread_constraints[0].maxSkew=1",
+    "topology.simulator.topology_spread_constraints[0].topologyKey=topology.kubernetes.io/zone",
+    "topology.simulator.topology_spread_constraints[0].whenUnsatisfiable=ScheduleAnyway",
+    *(field for group in POD_GROUPS for field in pod_fields(group)),
+]
+
 # Topologies exercising every builder branch.
 TOPOLOGY_VARIANTS: dict[str, list[str]] = {
     "dev-sidecar": [],
@@ -62,6 +113,7 @@ TOPOLOGY_VARIANTS: dict[str, list[str]] = {
         "topology.operator.install=false",
         "topology.create_namespace=false",
     ],
+    "own-cluster": OWN_CLUSTER,
 }
 
 

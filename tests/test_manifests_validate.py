@@ -9,11 +9,19 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from infra_fixtures import TOPOLOGY_VARIANTS, dev_topology, raycluster_errors
+from infra_fixtures import (
+    POD_GROUPS,
+    SERVICE_ACCOUNT,
+    TOPOLOGY_VARIANTS,
+    WORKLOAD_IDENTITY,
+    dev_topology,
+    raycluster_errors,
+)
 
 from infra import manifests
 from infra.endpoints import ENDPOINTS_FILENAME, HEAD_MOUNT_DIR, Endpoints
-from infra.manifests.raycluster import custom_resources_param
+from infra.manifests import pod_security
+from infra.manifests.raycluster import ENDPOINTS_VOLUME, custom_resources_param
 from infra.manifests.volume import READY_MARKER
 from infra.topology import Topology
 
@@ -79,11 +87,18 @@ def test_head_schedules_nothing_and_serves_the_dashboard() -> None:
 
 
 @ALL
-def test_ray_container_is_first_and_requests_equal_limits_in_every_group(variant: str) -> None:
+def test_ray_container_is_first_and_limited_to_its_requests_unless_cpu_limits_is_off(
+    variant: str,
+) -> None:
+    topology = dev_topology(*TOPOLOGY_VARIANTS[variant])
+    specs = {"head": topology.ray.head, "learners": topology.learners, "workers": topology.workers}
     for name, group in groups(built(variant).raycluster).items():
         ray = group["template"]["spec"]["containers"][0]
         assert ray["name"].startswith("ray-"), name
-        assert ray["resources"]["requests"] == ray["resources"]["limits"], name
+        requests, limits = ray["resources"]["requests"], ray["resources"]["limits"]
+        # Guaranteed QoS (decided by CPU and memory) unless the group asks for none.
+        assert limits["memory"] == requests["memory"], name
+        assert limits.get("cpu") == (requests["cpu"] if specs[name].cpu_limits else None), name
 
 
 def test_worker_group_sizes_are_fixed_at_the_topology_counts() -> None:
@@ -440,8 +455,8 @@ def test_loader_timeout_comes_from_the_topology() -> None:
 def test_head_mounts_the_endpoints_configmap() -> None:
     m = built("dev-networked")
     head = groups(m.raycluster)["head"]["template"]["spec"]
-    (mount,) = [m for m in head["containers"][0]["volumeMounts"] if m["name"] != "uerl-tmp"]
-    (vol,) = [v for v in head["volumes"] if v["name"] != "uerl-tmp"]
+    (mount,) = [m for m in head["containers"][0]["volumeMounts"] if m["name"] == ENDPOINTS_VOLUME]
+    (vol,) = [v for v in head["volumes"] if v["name"] == ENDPOINTS_VOLUME]
     assert mount["mountPath"] == HEAD_MOUNT_DIR and mount["name"] == vol["name"]
     assert vol["configMap"]["name"] == m.endpoints["metadata"]["name"]
 
@@ -457,3 +472,220 @@ def test_unreal_games_run_as_a_non_root_user_with_a_writable_home() -> None:
     assert ue["securityContext"]["runAsNonRoot"] is True
     assert {"name": "HOME", "value": "/tmp"} in ue["env"]
     assert {"name": "UE_LOG", "value": "verbose"} in ue["env"]
+
+
+# -- a team's own cluster: images, GPUs, placement, identity, pod shape -------------------
+
+
+def own_cluster_pods() -> dict[str, dict[str, Any]]:
+    """Every pod template of the own-cluster variant, by the config path of its group."""
+    m = built("own-cluster")
+    g = groups(m.raycluster)
+    assert m.ue_statefulset is not None and m.loader_job is not None
+    return {
+        "ray.head": g["head"]["template"],
+        "learners": g["learners"]["template"],
+        "workers": g["workers"]["template"],
+        "simulator": m.ue_statefulset["spec"]["template"],
+        "executables.loader": m.loader_job["spec"]["template"],
+    }
+
+
+def test_learners_run_their_own_image_and_head_and_workers_the_ray_image() -> None:
+    topology = dev_topology(*TOPOLOGY_VARIANTS["own-cluster"])
+    images = {
+        name: group["template"]["spec"]["containers"][0]["image"]
+        for name, group in groups(built("own-cluster").raycluster).items()
+    }
+    assert images == {
+        "head": topology.ray.image_ref,
+        "learners": "registry.example.com/uerl/ray:2.60.0-py311-rocm",
+        "workers": topology.ray.image_ref,
+    }
+
+
+def test_learners_without_an_image_of_their_own_run_the_ray_image() -> None:
+    m = built("dev-sidecar")
+    learner = groups(m.raycluster)["learners"]["template"]["spec"]["containers"][0]
+    assert learner["image"] == m.topology.ray.image_ref
+
+
+def test_gpus_are_asked_for_as_each_groups_gpu_resource() -> None:
+    m = built("own-cluster")
+    learner = groups(m.raycluster)["learners"]["template"]["spec"]["containers"][0]
+    game = games_pod(m)["containers"][0]
+    for container, name, count in (
+        (learner, "amd.com/gpu", "2"),
+        (game, "gpu.intel.com/i915", "1"),
+    ):
+        assert container["resources"]["limits"][name] == count
+        assert container["resources"]["requests"][name] == count  # extended: requests = limits
+        assert "nvidia.com/gpu" not in container["resources"]["limits"]
+
+
+def test_learners_tell_ray_their_gpus_whatever_the_resource_is_called() -> None:
+    # KubeRay itself counts only a resource whose name ends in `gpu`.
+    gpu = groups(built("unreal-networked-gpu").raycluster)["learners"]["rayStartParams"]
+    none = groups(built("dev-sidecar").raycluster)["learners"]["rayStartParams"]
+    assert gpu["num-gpus"] == "2" and "num-gpus" not in none
+
+
+@pytest.mark.parametrize("group", POD_GROUPS)
+def test_every_pod_is_placed_by_its_groups_fields(group: str) -> None:
+    spec = own_cluster_pods()[group]["spec"]
+    assert spec["nodeSelector"] == {"pool": group.split(".")[-1]}
+    assert spec["tolerations"] == [
+        {"operator": "Equal", "key": "dedicated", "value": "uerl", "effect": "NoSchedule"}
+    ]
+    term = {
+        "matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]
+    }
+    assert spec["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
+    assert spec["priorityClassName"] == "uerl-high"
+
+
+@pytest.mark.parametrize("group", POD_GROUPS)
+def test_every_pod_carries_its_groups_labels_and_annotations_beside_uerls(group: str) -> None:
+    meta = own_cluster_pods()[group]["metadata"]
+    assert meta["labels"]["team"] == "rl"
+    assert set(meta["labels"]) == LABEL_KEYS | {"team"}
+    assert meta["annotations"] == {"example.com/owner": "rl-team"}
+
+
+@pytest.mark.parametrize("group", POD_GROUPS)
+def test_every_pod_pulls_with_its_groups_secrets_and_runs_as_its_account(group: str) -> None:
+    spec = own_cluster_pods()[group]["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert spec["serviceAccountName"] == SERVICE_ACCOUNT
+    # Workload identity needs no Kubernetes API token in the pod.
+    assert spec["automountServiceAccountToken"] is False
+
+
+def test_a_named_account_gets_its_api_token_mounted_only_when_asked() -> None:
+    m = manifests.build(
+        dev_topology(
+            "topology.workers.service_account.name=kubectl-user",
+            "topology.workers.service_account.automount_token=true",
+        )
+    )
+    spec = worker_pod(m)
+    assert (spec["serviceAccountName"], spec["automountServiceAccountToken"]) == (
+        "kubectl-user",
+        True,
+    )
+    assert m.service_accounts == ()  # named, not created: it exists already
+
+
+def test_pods_of_groups_without_pod_fields_keep_kubernetes_defaults() -> None:
+    fields = {
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "priorityClassName",
+        "imagePullSecrets",
+        "serviceAccountName",
+        "automountServiceAccountToken",
+        "topologySpreadConstraints",
+    }
+    for variant in ("dev-sidecar", "dev-networked", "unreal-sidecar-loader"):
+        for name, spec in pod_security.pod_specs(built(variant).objects()).items():
+            assert fields & set(spec) == set(), name
+
+
+def test_the_stack_creates_an_account_named_by_several_groups_once_with_its_annotations() -> None:
+    (account,) = built("own-cluster").service_accounts
+    assert account["kind"] == "ServiceAccount"
+    assert account["metadata"]["name"] == SERVICE_ACCOUNT
+    assert account["metadata"]["annotations"] == WORKLOAD_IDENTITY
+    assert set(account["metadata"]["labels"]) == LABEL_KEYS
+
+
+def test_accounts_are_created_before_any_pod_that_runs_as_one() -> None:
+    kinds = [o["kind"] for o in built("own-cluster").objects()]
+    first_pod = min(kinds.index(k) for k in ("Job", "RayCluster", "StatefulSet"))
+    assert kinds.index("ServiceAccount") < first_pod
+
+
+def test_games_spread_as_told_counting_the_stacks_games_unless_told_otherwise() -> None:
+    (spread,) = games_pod(built("own-cluster"))["topologySpreadConstraints"]
+    assert spread == {
+        "maxSkew": 1,
+        "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {
+            "matchLabels": {"app.kubernetes.io/instance": "uerl", "app.kubernetes.io/name": "ue"}
+        },
+    }
+    own = {"matchLabels": {"tier": "games"}}
+    m = manifests.build(
+        dev_topology(
+            *TOPOLOGY_VARIANTS["own-cluster"],
+            "topology.simulator.topology_spread_constraints[0].labelSelector.matchLabels.tier=games",
+        )
+    )
+    assert games_pod(m)["topologySpreadConstraints"][0]["labelSelector"] == own
+
+
+def shm(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Ray container's /dev/shm mount and its volume."""
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    return mount, volume
+
+
+@ALL
+def test_every_ray_container_has_a_memory_backed_dev_shm(variant: str) -> None:
+    for name, group in groups(built(variant).raycluster).items():
+        _, volume = shm(group["template"]["spec"])
+        assert volume["emptyDir"]["medium"] == "Memory", name
+        assert volume["emptyDir"]["sizeLimit"], name
+
+
+def test_dev_shm_is_30_percent_of_the_containers_memory_in_whole_mib_unless_sized() -> None:
+    m = manifests.build(
+        dev_topology(
+            "topology.ray.head.memory=10Gi",
+            "topology.learners.memory=3000M",
+            "topology.workers.shm_size=256Mi",
+        )
+    )
+    sizes = {
+        name: shm(group["template"]["spec"])[1]["emptyDir"]["sizeLimit"]
+        for name, group in groups(m.raycluster).items()
+    }
+    # 0.3 * 10 GiB = 3072 MiB; 0.3 * 3e9 bytes = 858.3 MiB.
+    assert sizes == {"head": "3072Mi", "learners": "858Mi", "workers": "256Mi"}
+
+
+def test_ray_containers_request_1gi_of_disk_and_games_none_by_default() -> None:
+    m = built("dev-networked")
+    for name, group in groups(m.raycluster).items():
+        resources = group["template"]["spec"]["containers"][0]["resources"]
+        assert resources["requests"]["ephemeral-storage"] == "1Gi", name
+        assert "ephemeral-storage" not in resources["limits"], name  # requested, never evicted for
+    game = games_pod(m)["containers"][0]["resources"]
+    assert "ephemeral-storage" not in game["requests"]
+
+
+def test_ephemeral_storage_of_a_group_is_what_the_topology_says() -> None:
+    game = games_pod(built("own-cluster"))["containers"][0]["resources"]
+    assert game["requests"]["ephemeral-storage"] == "10Gi"
+    assert "ephemeral-storage" not in game["limits"]
+    m = manifests.build(dev_topology("topology.workers.ephemeral_storage=5Gi"))
+    assert worker_pod(m)["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "5Gi"
+
+
+def test_cpu_limits_false_leaves_cpu_requests_only_for_the_group() -> None:
+    m = built("own-cluster")
+    g = groups(m.raycluster)
+    learner = g["learners"]["template"]["spec"]["containers"][0]["resources"]
+    worker = g["workers"]["template"]["spec"]["containers"][0]["resources"]
+    game, forwarder = (c["resources"] for c in games_pod(m)["containers"])
+    for resources in (learner, game, forwarder):
+        assert "cpu" in resources["requests"] and "cpu" not in resources["limits"]
+        assert resources["limits"]["memory"] == resources["requests"]["memory"]
+    assert worker["limits"]["cpu"] == worker["requests"]["cpu"]  # cpu_limits left true

@@ -13,7 +13,9 @@ import pytest
 import yaml
 from infra_fixtures import (
     KUBERAY_CHART,
+    OWN_CLUSTER,
     PROJECT_ROOT,
+    SERVICE_ACCOUNT,
     dev_topology,
     integral_floats_to_int,
     resources_of,
@@ -47,6 +49,11 @@ def networked() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def unreal_loader() -> dict[str, Any]:
     return run_program(*UNREAL_LOADER)
+
+
+@pytest.fixture(scope="module")
+def own_cluster() -> dict[str, Any]:
+    return run_program(*OWN_CLUSTER)
 
 
 def type_counts(report: dict[str, Any]) -> Counter[str]:
@@ -249,10 +256,15 @@ def test_exported_endpoints_parse_with_the_contract(run: str, request) -> None:
     assert endpoints == dev_topology(*sets).endpoints()
 
 
-@pytest.mark.parametrize("run", ["sidecar", "networked", "unreal_loader"])
+@pytest.mark.parametrize("run", ["sidecar", "networked", "unreal_loader", "own_cluster"])
 def test_registered_objects_are_exactly_the_rendered_ones(run: str, request) -> None:
     report = request.getfixturevalue(run)
-    sets = {"sidecar": (), "networked": NETWORKED, "unreal_loader": UNREAL_LOADER}[run]
+    sets = {
+        "sidecar": (),
+        "networked": NETWORKED,
+        "unreal_loader": UNREAL_LOADER,
+        "own_cluster": OWN_CLUSTER,
+    }[run]
     expected = {
         (o["kind"], o["metadata"]["name"]): o
         for o in manifests.build(dev_topology(*sets)).objects()
@@ -313,3 +325,27 @@ def test_node_selector_value_true_set_with_config_set_path_reaches_the_pods_as_t
     (cluster,) = resources_of(report, RAYCLUSTER).values()
     learners = cluster["inputs"]["spec"]["workerGroupSpecs"][0]["template"]["spec"]
     assert learners["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+SERVICE_ACCOUNT_TYPE = "kubernetes:core/v1:ServiceAccount"
+
+
+def test_a_created_service_account_is_one_resource_of_its_component(own_cluster) -> None:
+    (account,) = resources_of(own_cluster, SERVICE_ACCOUNT_TYPE).values()
+    assert account["name"] == SERVICE_ACCOUNT
+    assert account["parent"] == "uerl:infra:StackServiceAccounts::service-accounts"
+
+
+def test_every_pod_waits_for_the_account_it_runs_as(own_cluster) -> None:
+    pods = [
+        *resources_of(own_cluster, RAYCLUSTER).values(),
+        *resources_of(own_cluster, STATEFULSET).values(),
+        *resources_of(own_cluster, "kubernetes:batch/v1:Job").values(),
+    ]
+    assert len(pods) == 3
+    for pod in pods:
+        assert f"{SERVICE_ACCOUNT_TYPE}::{SERVICE_ACCOUNT}" in pod["dependencies"], pod["name"]
+
+
+def test_without_an_account_to_create_the_stack_has_no_account_component(sidecar) -> None:
+    assert "uerl:infra:StackServiceAccounts" not in type_counts(sidecar)

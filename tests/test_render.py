@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doc_blocks import blocks
 from infra_fixtures import KUBERAY_CHART, PROJECT_ROOT, rendered, split_documents
 
 from infra.config_path import ConfigPathError, parse_path, parse_value, set_path
+from infra.manifests import pod_security
 from infra.render import main
 from training.cli import main as uerl
 
@@ -244,3 +246,42 @@ def test_chart_version_mismatch_is_a_clear_error_naming_the_path(capsys) -> None
         "topology.operator.chart_version=1.8.0",
     )
     assert code == 2 and "topology.operator.chart_version" in err and "Traceback" not in err
+
+
+# -- a team's own cluster ------------------------------------------------------------------
+
+
+def test_set_learners_gpu_resource_renders_their_gpus_under_that_name(capsys) -> None:
+    sets = ("topology.learners.gpus=2", "topology.learners.gpu_resource=amd.com/gpu")
+    _, out, _ = run(capsys, "--stack", "dev", *itertools.chain(*(("--set", s) for s in sets)))
+    (cluster,) = [o for o in yaml.safe_load_all(out) if o["kind"] == "RayCluster"]
+    learner = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert learner["resources"]["limits"]["amd.com/gpu"] == "2"
+
+
+def test_a_label_naming_uerls_own_prints_one_message_naming_the_field_and_exits_2(capsys) -> None:
+    code, out, err = run(
+        capsys, "--stack", "dev", "--set", 'topology.workers.labels["app.kubernetes.io/name"]=x'
+    )
+    assert (code, out) == (2, "")
+    assert "topology.workers.labels: 'app.kubernetes.io/name' is one of uerl's own" in err
+
+
+def test_the_own_cluster_example_of_the_docs_renders_every_pod_placed(
+    capsys, tmp_path: Path
+) -> None:
+    (example,) = [
+        b
+        for b in blocks(PROJECT_ROOT / "docs" / "kubernetes.md")
+        if b.language == "yaml" and "uerl:topology" in b.text
+    ]
+    topology = yaml.safe_load(example.text)["config"]["uerl:topology"]
+    (tmp_path / "own.yaml").write_text(yaml.safe_dump(topology))
+    code, out, err = run(capsys, "--topology", str(tmp_path / "own.yaml"))
+    assert code == 0, err
+    objects = list(yaml.safe_load_all(out))
+    kinds_in_order = [o["kind"] for o in objects]
+    assert kinds_in_order.index("ServiceAccount") < kinds_in_order.index("RayCluster")
+    pods = pod_security.pod_specs(objects)
+    assert {spec["serviceAccountName"] for spec in pods.values()} == {"uerl-runner"}
+    assert all(spec["imagePullSecrets"] == [{"name": "registry"}] for spec in pods.values())

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from infra_fixtures import OWN_CLUSTER
 from network_policy_eval import Peer, UnmodelledPolicy, egress_allowed, ingress_allowed
 
 from infra import manifests
 from infra.manifests import pod_security
 from infra.manifests.common import labels
+from infra.render import apply_sets
 from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, Topology, TopologyError
 
 UNREAL_LOADER = {"simulator": {"kind": "unreal"}, "executables": {"source_url": "https://x/g.tgz"}}
@@ -24,6 +26,8 @@ VARIANTS = {
         "simulator": {"kind": "mock", "listen": "all_interfaces"},
         "pattern": "networked",
     },
+    # Every pod placed, named and pulling with secrets; GPUs, /dev/shm, no CPU limits.
+    "own-cluster": apply_sets({}, OWN_CLUSTER),
 }
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from infra.topology import Topology, TopologyError
+from infra.topology import SHM_MEMORY_FRACTION, Topology, TopologyError, quantity_value
+from infra.topology_reference import rows
 
 
 def error_for(data: Any) -> str:
@@ -223,3 +224,200 @@ def test_mock_game_binds_where_the_listen_switch_says() -> None:
     every = Topology.parse({"simulator": {"kind": "mock", "listen": "all_interfaces"}}).simulator
     assert loopback.render_command("/opt/ue")[1][:2] == ["--host", "127.0.0.1"]
     assert every.render_command("/opt/ue")[1][:2] == ["--host", "0.0.0.0"]
+
+
+# -- a team's own cluster: images, GPUs, placement, identity, pod shape -------------------
+
+SPREAD = {
+    "maxSkew": 1,
+    "topologyKey": "topology.kubernetes.io/zone",
+    "whenUnsatisfiable": "DoNotSchedule",
+}
+
+
+def test_own_cluster_fields_default_to_the_pods_uerl_made_without_them() -> None:
+    t = Topology.parse(None)
+    assert (t.learners.image, t.learners.gpu_resource, t.simulator.gpu_resource) == (
+        None,
+        "nvidia.com/gpu",
+        "nvidia.com/gpu",
+    )
+    for group in t.pod_groups().values():
+        assert group.pod_fields_set() == []
+        assert group.service_account is None
+    for ray in (t.ray.head, t.learners, t.workers):
+        assert (ray.cpu_limits, ray.ephemeral_storage, ray.shm_size) == (True, "1Gi", None)
+    assert (t.simulator.cpu_limits, t.simulator.ephemeral_storage) == (True, None)
+
+
+def test_the_reference_states_the_default_dev_shm_share_the_code_uses() -> None:
+    (row,) = [r for r in rows() if r.path == "learners.shm_size"]
+    assert f"{SHM_MEMORY_FRACTION:.0%} of `memory`" in row.comment
+
+
+@pytest.mark.parametrize(
+    ("text", "amount"),
+    [("4Gi", 4 * 2**30), ("3000M", 3e9), ("1e3", 1000), ("500m", 0.5), ("2", 2), ("1E", 1e18)],
+)
+def test_quantities_are_read_in_their_binary_decimal_and_exponent_forms(
+    text: str, amount: float
+) -> None:
+    assert quantity_value(text) == amount
+
+
+@pytest.mark.parametrize("name", ["amd.com/gpu", "nvidia.com/mig-1g.10gb", "gpu.intel.com/i915"])
+def test_a_gpu_resource_is_any_extended_resource_name(name: str) -> None:
+    assert Topology.parse({"learners": {"gpu_resource": name}}).learners.gpu_resource == name
+
+
+@pytest.mark.parametrize(
+    ("group", "name"),
+    [
+        ("learners", "gpu"),
+        ("learners", "kubernetes.io/gpu"),
+        ("simulator", "Nvidia.com/gpu"),
+        ("simulator", "amd.com/"),
+    ],
+)
+def test_a_gpu_resource_that_is_not_an_extended_resource_name_is_refused(
+    group: str, name: str
+) -> None:
+    message = error_for({group: {"gpu_resource": name}})
+    assert f"topology.{group}.gpu_resource: {name!r} is not an extended resource name" in message
+
+
+@pytest.mark.parametrize("key", ["app.kubernetes.io/name", "app.kubernetes.io/instance"])
+def test_a_groups_labels_may_not_replace_uerls_own(key: str) -> None:
+    message = error_for({"workers": {"labels": {key: "mine"}}})
+    assert f"topology.workers.labels: {key!r} is one of uerl's own labels" in message
+
+
+def test_a_groups_labels_may_not_replace_kuberays() -> None:
+    message = error_for({"learners": {"labels": {"ray.io/group": "mine"}}})
+    assert "topology.learners.labels: 'ray.io/group': labels starting 'ray.io/' are KubeRay's" in (
+        message
+    )
+
+
+def test_a_sidecar_game_takes_no_pod_fields_its_pod_is_the_workers() -> None:
+    message = error_for({"pattern": "sidecar", "simulator": {"node_selector": {"pool": "games"}}})
+    assert "topology.simulator.node_selector: sidecar games run in the workers' pods" in message
+    message = error_for({"simulator": {"topology_spread_constraints": [SPREAD]}})
+    assert "topology.simulator.topology_spread_constraints: sidecar games run in" in message
+
+
+def test_networked_games_take_pod_fields_of_their_own() -> None:
+    assert Topology.parse({"pattern": "networked", "simulator": {"node_selector": {"a": "b"}}})
+
+
+def test_loader_pod_fields_without_a_loader_job_are_refused() -> None:
+    message = error_for({"executables": {"loader": {"priority_class_name": "batch"}}})
+    assert "topology.executables.loader.priority_class_name: no loader Job runs" in message
+    loader = {"source_url": "https://x/g.zip", "loader": {"priority_class_name": "batch"}}
+    assert Topology.parse({"executables": loader}).executables.loader.priority_class_name
+
+
+def test_only_an_account_the_stack_creates_takes_annotations() -> None:
+    account = {"name": "runner", "annotations": {"eks.amazonaws.com/role-arn": "arn:x"}}
+    message = error_for({"learners": {"service_account": account}})
+    assert "topology.learners.service_account.annotations: the stack annotates only an" in message
+
+
+def test_an_account_created_for_two_groups_has_one_set_of_annotations() -> None:
+    first = {"name": "runner", "create": True, "annotations": {"a.io/role": "one"}}
+    second = {**first, "annotations": {"a.io/role": "two"}}
+    message = error_for(
+        {"ray": {"head": {"service_account": first}}, "workers": {"service_account": second}}
+    )
+    assert "topology.workers.service_account.annotations: 'runner' is created for ray.head" in (
+        message
+    )
+
+
+def test_an_account_named_by_several_groups_is_created_once() -> None:
+    account = {"name": "runner", "create": True}
+    t = Topology.parse(
+        {
+            "learners": {"service_account": account},
+            "workers": {"service_account": {"name": "runner"}},
+        }
+    )
+    assert [a.name for a in t.created_service_accounts()] == ["runner"]
+
+
+def test_dev_shm_must_leave_the_container_memory_for_ray() -> None:
+    message = error_for({"ray": {"head": {"memory": "4Gi", "shm_size": "4096Mi"}}})
+    assert "topology.ray.head.shm_size: 4096Mi is not below memory 4Gi" in message
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        (
+            {"learners": {"affinity": ["nodeAffinity"]}},
+            "topology.learners.affinity: Input should be a valid dictionary",
+        ),
+        (
+            {"workers": {"affinity": {"nodeAfinity": {}}}},
+            "topology.workers.affinity: ['nodeAfinity'] not in a Kubernetes affinity",
+        ),
+        (
+            {"ray": {"head": {"affinity": {"podAntiAffinity": "spread"}}}},
+            "topology.ray.head.affinity: podAntiAffinity must be a mapping",
+        ),
+        (
+            {"learners": {"priority_class_name": "High"}},
+            "topology.learners.priority_class_name: 'High' is not a PriorityClass name",
+        ),
+        (
+            {"workers": {"image_pull_secrets": ["Registry"]}},
+            "topology.workers.image_pull_secrets[0]: 'Registry' is not a Secret name",
+        ),
+        (
+            {"workers": {"image_pull_secrets": "registry"}},
+            "topology.workers.image_pull_secrets: Input should be a valid list",
+        ),
+        (
+            {"learners": {"service_account": {}}},
+            "topology.learners.service_account.name: Field required",
+        ),
+        (
+            {"learners": {"service_account": {"name": "Runner"}}},
+            "topology.learners.service_account.name: 'Runner' is not a ServiceAccount name",
+        ),
+        (
+            {"workers": {"labels": {"team": "a b"}}},
+            "topology.workers.labels: 'a b' (label 'team') is not a label value",
+        ),
+        (
+            {"ray": {"head": {"annotations": {"no spaces": "x"}}}},
+            "topology.ray.head.annotations: 'no spaces' is not a label or annotation key",
+        ),
+        (
+            {"learners": {"cpu_limits": "maybe"}},
+            "topology.learners.cpu_limits: Input should be a valid boolean",
+        ),
+        (
+            {"workers": {"ephemeral_storage": "lots"}},
+            "topology.workers.ephemeral_storage: 'lots' is not a Kubernetes quantity",
+        ),
+        ({"learners": {"shm_size": "0"}}, "topology.learners.shm_size: '0' is zero"),
+        ({"learners": {"image": ["a"]}}, "topology.learners.image: Input should be a valid string"),
+        (
+            {
+                "pattern": "networked",
+                "simulator": {"topology_spread_constraints": [{"maxSkew": 1}]},
+            },
+            "topology.simulator.topology_spread_constraints[0]: a topology spread constraint "
+            "needs topologyKey, whenUnsatisfiable",
+        ),
+        (
+            {"executables": {"loader": {"replicas": 2}}},
+            "topology.executables.loader.replicas: unknown key",
+        ),
+    ],
+)
+def test_bad_own_cluster_input_names_the_field(data: Any, path: str) -> None:
+    message = error_for(data)
+    assert message.startswith("invalid topology (1 error):")
+    assert path in message

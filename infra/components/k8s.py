@@ -19,6 +19,7 @@ _TYPED: dict[tuple[str, str], Callable[..., pulumi.CustomResource]] = {
     ("v1", "ConfigMap"): k8s.core.v1.ConfigMap,
     ("v1", "PersistentVolumeClaim"): k8s.core.v1.PersistentVolumeClaim,
     ("v1", "Service"): k8s.core.v1.Service,
+    ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
     ("apps/v1", "StatefulSet"): k8s.apps.v1.StatefulSet,
     ("batch/v1", "Job"): k8s.batch.v1.Job,

@@ -14,6 +14,7 @@ from infra.manifests import (
     namespace,
     network_policy,
     operator,
+    placement,
     raycluster,
     simulator,
     volume,
@@ -40,6 +41,8 @@ class Manifests:
     ue_service: K8sObject | None = None
     # Who may reach the games and Ray (security.network_policies).
     network_policies: tuple[K8sObject, ...] = ()
+    # The accounts pods run as that the stack creates (`service_account.create`).
+    service_accounts: tuple[K8sObject, ...] = ()
 
     def objects(self) -> list[K8sObject]:
         """Every object, in apply order."""
@@ -47,6 +50,7 @@ class Manifests:
             obj
             for obj in (
                 self.namespace,
+                *self.service_accounts,  # before any pod that runs as one
                 *self.network_policies,  # before any pod they guard
                 self.pvc,
                 self.loader_job,
@@ -73,6 +77,7 @@ def build(topology: Topology, project_root: Path = PROJECT_ROOT) -> Manifests:
         ue_statefulset=simulator.statefulset(topology),
         ue_service=simulator.service(topology),
         network_policies=tuple(network_policy.policies(topology)),
+        service_accounts=tuple(placement.service_accounts(topology)),
     )
 
 

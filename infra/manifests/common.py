@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from infra.topology import Topology
+from infra.topology import GPU_RESOURCE, OWN_LABELS, SizedSpec, Topology
 
 PART_OF = "uerl"
 MANAGED_BY = "pulumi"
@@ -16,13 +16,8 @@ K8sObject = dict[str, Any]
 
 def labels(topology: Topology, *, name: str, component: str) -> dict[str, str]:
     """The app.kubernetes.io labels every object (and pod template) carries."""
-    return {
-        "app.kubernetes.io/name": name,
-        "app.kubernetes.io/instance": topology.name,
-        "app.kubernetes.io/component": component,
-        "app.kubernetes.io/part-of": PART_OF,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-    }
+    values = (name, topology.name, component, PART_OF, MANAGED_BY)
+    return dict(zip(OWN_LABELS, values, strict=True))
 
 
 def metadata(
@@ -44,12 +39,41 @@ def cpu_quantity(cpus: float) -> str:
     return f"{round(cpus * 1000)}m"
 
 
-def fixed_resources(cpus: float, memory: str, gpus: int = 0) -> dict[str, dict[str, str]]:
-    """requests == limits: Guaranteed QoS, and what Ray advertises is what the pod gets."""
-    amounts = {"cpu": cpu_quantity(cpus), "memory": memory}
+def container_resources(
+    cpus: float,
+    memory: str,
+    *,
+    cpu_limit: bool = True,
+    gpus: int = 0,
+    gpu_resource: str = GPU_RESOURCE,
+    ephemeral_storage: str | None = None,
+) -> dict[str, dict[str, str]]:
+    """Memory and GPUs requested and limited alike, CPUs too unless `cpu_limit` is
+    false: Guaranteed QoS, and what Ray advertises is what the pod gets. Ephemeral
+    storage is requested only: a run writing more is not evicted for it."""
+    limits = {"cpu": cpu_quantity(cpus), "memory": memory}
     if gpus > 0:
-        amounts["nvidia.com/gpu"] = str(gpus)
-    return {"requests": dict(amounts), "limits": dict(amounts)}
+        limits[gpu_resource] = str(gpus)  # an extended resource: requests must equal limits
+    requests = dict(limits)
+    if not cpu_limit:
+        del limits["cpu"]
+    if ephemeral_storage is not None:
+        requests["ephemeral-storage"] = ephemeral_storage
+    return {"requests": requests, "limits": limits}
+
+
+def sized_resources(
+    spec: SizedSpec, gpus: int = 0, gpu_resource: str = GPU_RESOURCE
+) -> dict[str, dict[str, str]]:
+    """The resources of the container a topology group sizes."""
+    return container_resources(
+        spec.cpus,
+        spec.memory,
+        cpu_limit=spec.cpu_limits,
+        gpus=gpus,
+        gpu_resource=gpu_resource,
+        ephemeral_storage=spec.ephemeral_storage,
+    )
 
 
 # pulumi-kubernetes reads these on every object it creates or updates: how long

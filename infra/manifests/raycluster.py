@@ -16,8 +16,8 @@ import json
 from typing import Any
 
 from infra.endpoints import HEAD_MOUNT_DIR
-from infra.manifests import game_tls, pod_security, simulator, volume
-from infra.manifests.common import K8sObject, await_annotations, fixed_resources, labels, metadata
+from infra.manifests import game_tls, placement, pod_security, simulator, volume
+from infra.manifests.common import K8sObject, await_annotations, metadata, sized_resources
 from infra.manifests.endpoints_configmap import configmap_name
 from infra.topology import (
     CLIENT_PORT,
@@ -25,6 +25,7 @@ from infra.topology import (
     GCS_PORT,
     JOB_STOP_GRACE_ENV,
     JOB_STOP_GRACE_S,
+    RayGroupSpec,
     Topology,
 )
 
@@ -32,6 +33,11 @@ APP_NAME = "ray"
 LEARNER_GROUP = "learners"
 WORKER_GROUP = "workers"
 ENDPOINTS_VOLUME = "uerl-endpoints"
+# Ray's object store lives in /dev/shm (64 MB in a container unless mounted). KubeRay
+# mounts one as large as the memory limit where the Ray container has none; uerl mounts
+# its own, so its size is a topology field and `uerl render` shows it.
+SHM_VOLUME = "uerl-shm"
+SHM_PATH = "/dev/shm"
 # What `pulumi up` waits for: the head pod ready now, and every Ray pod ready
 # (RayClusterProvisioned turns true once, when all of them first are).
 READY_CONDITIONS = ["condition=HeadPodReady", "condition=RayClusterProvisioned"]
@@ -43,17 +49,30 @@ def custom_resources_param(resource: str) -> str:
     return f"'{compact}'"
 
 
-def _pod_template(topology: Topology, component: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+def _pod_template(
+    topology: Topology, component: str, group: RayGroupSpec, pod_spec: dict[str, Any]
+) -> dict[str, Any]:
+    ray = pod_spec["containers"][0]
+    ray.setdefault("volumeMounts", []).append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
+    pod_spec.setdefault("volumes", []).append(
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": group.shm_ref}}
+    )
+    placement.place(pod_spec, group)
     return {
-        "metadata": {"labels": labels(topology, name=APP_NAME, component=component)},
+        "metadata": placement.pod_metadata(topology, group, name=APP_NAME, component=component),
         "spec": pod_security.restrict(pod_spec),
     }
 
 
-def _ray_container(topology: Topology, name: str, resources: dict[str, Any]) -> dict[str, Any]:
+def _ray_container(
+    topology: Topology,
+    name: str,
+    resources: dict[str, Any],
+    image: str | None = None,
+) -> dict[str, Any]:
     return {
         "name": name,
-        "image": topology.ray.image_ref,
+        "image": image or topology.ray.image_ref,
         "imagePullPolicy": topology.image_pull_policy,
         "resources": resources,
         "securityContext": pod_security.container_context(
@@ -64,7 +83,7 @@ def _ray_container(topology: Topology, name: str, resources: dict[str, Any]) -> 
 
 def _head(topology: Topology) -> dict[str, Any]:
     head = topology.ray.head
-    container = _ray_container(topology, "ray-head", fixed_resources(head.cpus, head.memory))
+    container = _ray_container(topology, "ray-head", sized_resources(head))
     container["ports"] = [
         {"name": "gcs-server", "containerPort": GCS_PORT},
         {"name": "dashboard", "containerPort": DASHBOARD_PORT},
@@ -85,15 +104,8 @@ def _head(topology: Topology) -> dict[str, Any]:
     return {
         # The head runs the driver only: no tasks or actors are scheduled on it.
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
-        "template": _pod_template(topology, "ray-head", pod_spec),
+        "template": _pod_template(topology, "ray-head", head, pod_spec),
     }
-
-
-def _placement(pod_spec: dict[str, Any], node_selector: dict[str, str], tolerations: list) -> None:
-    if node_selector:
-        pod_spec["nodeSelector"] = dict(node_selector)
-    if tolerations:
-        pod_spec["tolerations"] = [t.to_k8s() for t in tolerations]
 
 
 def _fixed_size(replicas: int) -> dict[str, int]:
@@ -103,24 +115,26 @@ def _fixed_size(replicas: int) -> dict[str, int]:
 
 def _learners(topology: Topology) -> dict[str, Any]:
     spec = topology.learners
-    container = _ray_container(
-        topology, "ray-worker", fixed_resources(spec.cpus, spec.memory, spec.gpus)
-    )
+    resources = sized_resources(spec, spec.gpus, spec.gpu_resource)
+    container = _ray_container(topology, "ray-worker", resources, spec.image)
     pod_spec: dict[str, Any] = {"containers": [container]}
-    _placement(pod_spec, spec.node_selector, spec.tolerations)
+    # num-cpus and memory come from the container's resources; the learner resource
+    # keeps learners here (a worker node's CPUs would fit one too).
+    params = {"resources": custom_resources_param(spec.custom_resource)}
+    if spec.gpus > 0:
+        # KubeRay counts GPUs only from a resource whose name ends in `gpu`.
+        params["num-gpus"] = str(spec.gpus)
     return {
         "groupName": LEARNER_GROUP,
         **_fixed_size(spec.replicas),
-        # num-cpus / num-gpus come from the container limits; the learner resource
-        # keeps learners here (a worker node's CPUs would fit one too).
-        "rayStartParams": {"resources": custom_resources_param(spec.custom_resource)},
-        "template": _pod_template(topology, "ray-learner", pod_spec),
+        "rayStartParams": params,
+        "template": _pod_template(topology, "ray-learner", spec, pod_spec),
     }
 
 
 def _workers(topology: Topology) -> dict[str, Any]:
     spec = topology.workers
-    ray = _ray_container(topology, "ray-worker", fixed_resources(spec.cpus, spec.memory))
+    ray = _ray_container(topology, "ray-worker", sized_resources(spec))
     pod_spec: dict[str, Any] = {"containers": [ray]}
     if topology.pattern == "sidecar":
         # The game shares the pod (and so localhost) with its env runner. As a
@@ -137,12 +151,11 @@ def _workers(topology: Topology) -> dict[str, Any]:
             pod_spec["volumes"] = volumes
         simulator.add_tls_server(topology, pod_spec)
     game_tls.add_client(topology, pod_spec, ray)
-    _placement(pod_spec, spec.node_selector, spec.tolerations)
     return {
         "groupName": WORKER_GROUP,
         **_fixed_size(spec.replicas),
         "rayStartParams": {"resources": custom_resources_param(spec.custom_resource)},
-        "template": _pod_template(topology, "ray-env-runner", pod_spec),
+        "template": _pod_template(topology, "ray-env-runner", spec, pod_spec),
     }
 
 

@@ -10,17 +10,18 @@ for `spec.ordinals` (GA in 1.31).
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
 
-from infra.manifests import game_tls, pod_security, volume
+from infra.manifests import game_tls, placement, pod_security, volume
 from infra.manifests.common import (
     K8sObject,
     await_annotations,
-    fixed_resources,
-    labels,
+    container_resources,
     metadata,
+    sized_resources,
 )
 from infra.topology import LOOPBACK, Topology
 
@@ -33,9 +34,9 @@ PROBE_PERIOD_S = 5
 # Packaged Unreal games write config and logs under $HOME (the build itself is
 # mounted read-only).
 UNREAL_ENV = {"HOME": "/tmp"}
-# The forwarder relays every gRPC message of its game; requests = limits keeps
-# the pod's QoS Guaranteed like the game's.
-FORWARDER_RESOURCES = fixed_resources(0.5, "64Mi")
+# The forwarder relays every gRPC message of its game. Its CPU is limited as the
+# game's is (`simulator.cpu_limits`), so the pod's QoS is the game's.
+FORWARDER_CPUS, FORWARDER_MEMORY = 0.5, "64Mi"
 FORWARDER_SOURCE = (Path(__file__).resolve().parent.parent / "forwarder.py").read_text()
 
 
@@ -80,7 +81,7 @@ def container(topology: Topology, *, native_sidecar: bool = False) -> dict[str, 
     if not sim.loopback:
         out["ports"] = [{"name": PORT_NAME, "containerPort": sim.port, "protocol": "TCP"}]
     out |= {
-        "resources": fixed_resources(sim.cpus, sim.memory, sim.gpus),
+        "resources": sized_resources(sim, sim.gpus, sim.gpu_resource),
         # The startup probe gives the game `startup_timeout_s` to open its port
         # (then it is restarted); readiness gates its DNS name afterwards.
         "startupProbe": {
@@ -115,7 +116,9 @@ def forwarder(topology: Topology) -> dict[str, Any]:
             *game_tls.server_args(topology),
         ],
         "ports": [{"name": PORT_NAME, "containerPort": sim.port, "protocol": "TCP"}],
-        "resources": FORWARDER_RESOURCES,
+        "resources": container_resources(
+            FORWARDER_CPUS, FORWARDER_MEMORY, cpu_limit=sim.cpu_limits
+        ),
         "readinessProbe": {"tcpSocket": {"port": sim.port}, "periodSeconds": PROBE_PERIOD_S},
         "securityContext": pod_security.container_context(
             pod_security.NOBODY_UID, pod_security.NOBODY_UID
@@ -177,6 +180,12 @@ def statefulset(topology: Topology) -> K8sObject | None:
     if volumes:
         pod_spec["volumes"] = volumes
     add_tls_server(topology, pod_spec)
+    placement.place(pod_spec, topology.simulator)
+    spread = topology.simulator.topology_spread_constraints
+    if spread:
+        # A constraint counts the pods its selector matches: by default the stack's games.
+        selector = {"labelSelector": {"matchLabels": _selector(topology)}}
+        pod_spec["topologySpreadConstraints"] = [selector | copy.deepcopy(c) for c in spread]
     pod_security.restrict(pod_spec)
     return {
         "apiVersion": "apps/v1",
@@ -192,7 +201,9 @@ def statefulset(topology: Topology) -> K8sObject | None:
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": _selector(topology)},
             "template": {
-                "metadata": {"labels": labels(topology, name=APP_NAME, component=COMPONENT)},
+                "metadata": placement.pod_metadata(
+                    topology, topology.simulator, name=APP_NAME, component=COMPONENT
+                ),
                 "spec": pod_spec,
             },
         },

@@ -10,13 +10,14 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from infra.manifests import pod_security
+from infra.manifests import placement, pod_security
 from infra.manifests.common import K8sObject, await_annotations, metadata
 from infra.topology import Topology
 
 VOLUME_NAME = "ue-executables"
 READY_MARKER = ".uerl-ready"
 COMPONENT = "executables"
+LOADER_APP = "ue-loader"
 
 
 def loader_job_name(topology: Topology) -> str:
@@ -102,9 +103,9 @@ echo "unpacked $url into {dest}"
 def loader_job(topology: Topology) -> K8sObject | None:
     """One-off Job unpacking `executables.source_url` into the volume (if set)."""
     spec = topology.executables
-    if not topology.uses_executables or spec.source_url is None:
+    if not topology.has_loader:
         return None
-    meta = metadata(topology, loader_job_name(topology), name="ue-loader", component=COMPONENT)
+    meta = metadata(topology, loader_job_name(topology), name=LOADER_APP, component=COMPONENT)
     # Pulumi waits this long for the Job. A claim the storage class cannot bind
     # (e.g. no ReadWriteMany) leaves its pod Pending until then.
     meta["annotations"] = await_annotations(spec.loader_timeout_s)
@@ -115,7 +116,9 @@ def loader_job(topology: Topology) -> K8sObject | None:
         "spec": {
             "backoffLimit": 3,
             "template": {
-                "metadata": {"labels": dict(meta["labels"])},
+                "metadata": placement.pod_metadata(
+                    topology, spec.loader, name=LOADER_APP, component=COMPONENT
+                ),
                 "spec": {
                     "restartPolicy": "OnFailure",
                     "containers": [
@@ -135,8 +138,10 @@ def loader_job(topology: Topology) -> K8sObject | None:
             },
         },
     }
+    pod_spec = job["spec"]["template"]["spec"]
+    placement.place(pod_spec, spec.loader)
     # fsGroup: the claim's files are writable by the loader's group.
-    pod_security.restrict(job["spec"]["template"]["spec"], fs_group=pod_security.UNREAL_UID)
+    pod_security.restrict(pod_spec, fs_group=pod_security.UNREAL_UID)
     return job
 
 

@@ -199,6 +199,9 @@ class FakeNode:
     cpu: str = "32"
     memory: str = "64Gi"
     pods: str = "110"
+    # Ray pods request ephemeral storage (topology `ephemeral_storage`): a node that
+    # advertises none fits no such pod.
+    ephemeral_storage: str = "1Ti"
 
 
 class ControlPlane(StartStop):
@@ -739,7 +742,12 @@ def _api_endpoint_slice(address: str, port: int) -> dict[str, Any]:
 
 
 def _node_manifest(node: FakeNode) -> dict[str, Any]:
-    resources = {"cpu": node.cpu, "memory": node.memory, "pods": node.pods}
+    resources = {
+        "cpu": node.cpu,
+        "memory": node.memory,
+        "pods": node.pods,
+        "ephemeral-storage": node.ephemeral_storage,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Node",
