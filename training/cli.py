@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "training.commands.bench_policies",
         "compare policy configurations at the same step budget",
     ),
+    "submit": (
+        "training.commands.submit",
+        "run `uerl train` (or eval) on a stack's cluster as a Ray job, from this machine",
+    ),
     "eval": ("training.commands.eval", "play a checkpoint's policies against the games"),
     "export": ("training.commands.export", "write a checkpoint's policies as ONNX for Schola"),
     "tls-secret": ("training.commands.tls_secret", "make a CA and the games' TLS certificate"),

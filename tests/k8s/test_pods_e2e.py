@@ -8,15 +8,20 @@ into it. The real Pulumi CLI, language host and Kubernetes provider run uerl's p
 the KubeRay operator runs from its chart's Deployment. Training is what a user runs:
 `ray job submit` through `kubectl port-forward` to the head's dashboard, `uerl train`
 reading `/etc/uerl/endpoints.json`, `kubectl cp` of the checkpoint and `uerl export` on
-this machine. The tests run in file order and share the `dev` stack: each stage is a
-module fixture, each test checks one thing of what it left.
+this machine; then `uerl submit` from this machine (its own port-forward through the
+Kubernetes API), to the job's end and with Ctrl-C. The tests run in file order and share
+the `dev` stack: each stage is a module fixture, each test checks one thing of what it
+left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +53,8 @@ from pods_stack import (
 )
 from pulumi_project import PulumiProject, Result
 from stacks import running_and_ready
+
+from infra.topology import JOB_STOP_GRACE_S
 
 pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(3600)]
 
@@ -413,6 +420,109 @@ def test_the_checkpoint_is_fetched_and_exported_on_this_machine(
     assert written and len(checks) == len(written), done.stdout
     counts = [int(n) for line in checks for n in re.findall(r"(\d+) mismatch\(es\)", line)]
     assert counts and set(counts) == {0}, done.stdout
+
+
+# ---- `uerl submit`: the same training from this machine, through the Kubernetes API -----
+
+SUBMIT_JOB = "uerl-pods-submit"
+SUBMIT_STOP_JOB = "uerl-pods-submit-stop"
+SUBMIT_RUN_DIR = "/home/ray/runs/submit"
+SUBMIT_STOP_RUN_DIR = "/home/ray/runs/submit-stop"
+
+
+@pytest.fixture(scope="module")
+def submit_endpoints(
+    project: PulumiProject, dev_stack: Up, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """`pulumi stack output endpoints --json > endpoints.json`, as a user writes it."""
+    path = tmp_path_factory.mktemp("submit") / "endpoints.json"
+    write_json(path, project.outputs("dev")["endpoints"])
+    return path
+
+
+def _uerl_submit(
+    cp: ControlPlane, endpoints: Path, submission_id: str, run_dir: str, *train: str
+) -> list[str]:
+    """`uerl submit` with its own port-forward (no kubectl), the admin kubeconfig."""
+    return [str(UERL), "submit", "--endpoints", str(endpoints), "--kubeconfig",
+            str(cp.kubeconfig), "--submission-id", submission_id, "--", "train",
+            "--run-dir", run_dir, *train, *TRAIN_ARGS]  # fmt: skip
+
+
+def _stop_if_running(jobs: RayJobs, submission_id: str) -> None:
+    """After a failed test: the job must not hold the games for the tests after it."""
+    with contextlib.suppress(Exception):
+        if jobs.status(submission_id) in ("PENDING", "RUNNING"):
+            jobs.cli("stop", submission_id, timeout_s=300)
+
+
+def test_uerl_submit_trains_on_the_cluster_and_exits_0(
+    node_control_plane: ControlPlane,
+    sidecar_run: SidecarRun,  # its job stopped: the games are free
+    submit_endpoints: Path,
+    jobs: RayJobs,
+) -> None:
+    argv = _uerl_submit(node_control_plane, submit_endpoints, SUBMIT_JOB, SUBMIT_RUN_DIR,
+                        "--iterations", "2")  # fmt: skip
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    finally:
+        _stop_if_running(jobs, SUBMIT_JOB)
+    print(f"--- uerl submit ---\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}")
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    rows = progress(done.stdout)  # the job's log, streamed to this machine
+    assert rows and rows[-1].iteration == 2, done.stdout[-6000:]
+
+
+def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
+    node_control_plane: ControlPlane,
+    sidecar_run: SidecarRun,  # its job stopped: the games are free
+    submit_endpoints: Path,
+    jobs: RayJobs,
+) -> None:
+    argv = _uerl_submit(node_control_plane, submit_endpoints, SUBMIT_STOP_JOB,
+                        SUBMIT_STOP_RUN_DIR, "--iterations", "1000")  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    err: list[str] = []
+    trained = threading.Event()
+
+    def read_out() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.append(line)
+            if progress(line):
+                trained.set()
+
+    def read_err() -> None:
+        assert proc.stderr is not None
+        err.extend(proc.stderr)
+
+    readers = [threading.Thread(target=f, daemon=True) for f in (read_out, read_err)]
+    for reader in readers:
+        reader.start()
+    try:
+        deadline = time.monotonic() + 600
+        while not trained.wait(2):
+            assert proc.poll() is None, "".join(out)[-6000:] + "".join(err)
+            assert time.monotonic() < deadline, "no iteration in 600 s:\n" + "".join(out)[-6000:]
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        # uerl submit waits for the job's end: Ray's grace after SIGTERM, and a minute more.
+        code = proc.wait(timeout=JOB_STOP_GRACE_S + 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # our own child, by its handle
+            proc.wait()
+        _stop_if_running(jobs, SUBMIT_STOP_JOB)
+    for reader in readers:
+        reader.join(timeout=10)
+    print(f"--- uerl submit, Ctrl-C ---\n{''.join(out)[-6000:]}\n{''.join(err)[-3000:]}")
+    assert code == 130, "".join(err)
+    assert jobs.status(SUBMIT_STOP_JOB) == "STOPPED"
+    log = jobs.logs(SUBMIT_STOP_JOB)
+    assert "checkpoint" in log
+    # The driver's line for the final checkpoint it wrote after Ray's SIGTERM.
+    assert f"checkpoint: {SUBMIT_STOP_RUN_DIR}/checkpoints/checkpoint_" in log, log[-6000:]
 
 
 # ---- e. NetworkPolicies --------------------------------------------------------------

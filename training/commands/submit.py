@@ -1,0 +1,165 @@
+"""`uerl submit`: from this machine, run `uerl train` (or `uerl eval`) on a stack's
+cluster as a Ray job, through the Kubernetes API (no `kubectl port-forward` to keep up).
+
+    uerl submit [--stack NAME | --endpoints FILE] [--kubeconfig PATH] [--context NAME]
+                [--submission-id ID] [--no-wait] -- train|eval [flags...]
+
+It finds the stack's Ray head pod (Running and Ready), forwards a local port to its job
+API (found again when the head pod is replaced), submits the command, prints the job's
+log as it grows and exits with the job's end: 0 SUCCEEDED, 1 FAILED, 130 STOPPED. Ctrl-C
+stops the job (a training writes a final checkpoint) and exits 130; a second Ctrl-C
+leaves at once. Bad input exits 2, a cluster it cannot use 1, each with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+PROG = "uerl submit"
+SUBCOMMANDS = ("train", "eval")
+USAGE = (
+    f"{PROG} [--stack NAME | --endpoints FILE] [--kubeconfig PATH] [--context NAME] "
+    "[--submission-id ID] [--no-wait] -- train|eval [flags...]"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=USAGE,
+        description="Run `uerl train` or `uerl eval` as a Ray job on a stack's cluster, "
+        "through the Kubernetes API; stream its log, exit with its status (0 SUCCEEDED, "
+        "1 FAILED, 130 STOPPED). Ctrl-C stops the job (a training writes a final "
+        "checkpoint); a second Ctrl-C leaves it running. The command and its flags go "
+        "after `--`; they run on the Ray head, whose endpoints ConfigMap they read.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="read the endpoints with `pulumi stack output endpoints --json --stack NAME` "
+        "(in the current directory, the Pulumi project)",
+    )
+    source.add_argument(
+        "--endpoints",
+        metavar="FILE",
+        type=Path,
+        help="the endpoints: `pulumi stack output endpoints --json > FILE`",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        type=Path,
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)",
+    )
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
+    parser.add_argument(
+        "--submission-id", metavar="ID", help="the job's submission id (default: Ray picks one)"
+    )
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="submit, print the submission id and how to follow the job, exit 0",
+    )
+    return parser
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`uerl submit`'s own options, and the command after the first `--` (None: none)."""
+    if "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def _check_command(command: list[str] | None) -> str | None:
+    """Why the command cannot be submitted (None: it can). Its flags are parsed here with
+    the command's own parser, so a typo is refused before anything is submitted."""
+    if command is None:
+        return "no command: end the options with `--`, then `train ...` or `eval ...`"
+    if not command:
+        return "no command after `--`: `train ...` or `eval ...`"
+    if command[0] not in SUBCOMMANDS:
+        return f"unknown command {command[0]!r} after `--`: `train` or `eval`"
+    if command[0] == "train":
+        from training.commands.train import build_parser as command_parser
+    else:
+        from training.commands.eval import build_parser as command_parser
+    command_parser().parse_args(command[1:])  # argparse: exit 2 with its line
+    return None
+
+
+def main(argv: Sequence[str]) -> int:
+    options, command = _split(list(argv))
+    parser = build_parser()
+    # Without `--`, `train` among the options is the likely mistake: say that, not
+    # argparse's "unrecognized arguments".
+    args = (
+        parser.parse_args(options) if command is not None else parser.parse_known_args(options)[0]
+    )
+    problem = _check_command(command)
+    if problem is not None:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 2
+    assert command is not None
+    from training.submit.submit_error import SubmitError
+
+    try:
+        return _submit(args, command)
+    except SubmitError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _submit(args: argparse.Namespace, command: list[str]) -> int:
+    from training.submit import head, job, port_forward, stack_endpoints
+
+    if args.endpoints is not None:
+        endpoints = stack_endpoints.endpoints_from_file(args.endpoints)
+    else:
+        endpoints = stack_endpoints.endpoints_from_stack(args.stack)
+    port = stack_endpoints.dashboard_port(endpoints)
+    api = head.kube_api_client(args.kubeconfig, args.context)
+    finder = head.HeadFinder(endpoints, head.kube_pod_lister(api))
+    finder.find()  # before anything else: the head is there and Ready, or say why not
+    connection = port_forward.HeadConnection(
+        finder.find, port_forward.pod_port_opener(api, endpoints.namespace, port)
+    )
+    with port_forward.Relay(connection) as relay, job.no_proxy_to_the_relay():
+
+        def describe_head() -> str:
+            pod = f"pod {connection.head or finder.current}, {finder.where}"
+            error = relay.last_error
+            return pod + (f"; last port-forward error: {error}" if error else "")
+
+        client = job.connect_client(relay.url, head=describe_head)
+        job_id = job.submit(client, command, args.submission_id)
+
+        def follow_hint() -> str:
+            pod = connection.head or finder.current
+            address = "--address http://127.0.0.1:8265"
+            return (
+                f"Follow it with `kubectl -n {endpoints.namespace} port-forward pod/{pod} "
+                f"8265:{port}` and `ray job logs {address} --follow {job_id}`; "
+                f"stop it with `ray job stop {address} {job_id}`."
+            )
+
+        print(
+            f"{PROG}: job {job_id} submitted to the Ray head pod {finder.current} "
+            f"(namespace {endpoints.namespace}): {job.entrypoint(command)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if args.no_wait:
+            print(job_id, flush=True)
+            print(f"{PROG}: {follow_hint()}", file=sys.stderr)
+            return 0
+        follower = job.Follower(client, job_id, head=describe_head, follow_hint=follow_hint())
+        with job.CtrlC() as ctrl_c:
+            return follower.run(ctrl_c)
