@@ -396,21 +396,7 @@ def test_the_pod_lister_asks_the_api_for_the_heads_labels_and_reads_its_pods(
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
     }]}  # fmt: skip
 
-    class PodsAPI(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            asked.append((self.path, self.headers.get("Authorization")))
-            body = json.dumps(pod_list).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), PodsAPI)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _json_server(lambda _path: pod_list, asked)
     try:
         host, port = server.server_address[:2]
         config = _kubeconfig(tmp_path / "kubeconfig", f"http://{host}:{port}")
@@ -426,16 +412,19 @@ def test_the_pod_lister_asks_the_api_for_the_heads_labels_and_reads_its_pods(
     assert authorization == "Bearer t"
 
 
-def _dashboard() -> http.server.ThreadingHTTPServer:
-    """A stand-in for the head's job API: its version, and a job's log."""
+def _json_server(
+    answer: Callable[[str], Any], asked: list[tuple[str, str | None]] | None = None
+) -> http.server.ThreadingHTTPServer:
+    """A loopback HTTP server answering every GET with `answer(path)` as JSON; `asked`
+    collects each request's path and Authorization header."""
 
-    class JobAPI(http.server.BaseHTTPRequestHandler):
+    class JsonAPI(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
-            answer = {"ray_version": "2.60.0"} if self.path == "/api/version" else {
-                "logs": "iter 1\n" * 5000}  # fmt: skip
-            body = json.dumps(answer).encode()
+            if asked is not None:
+                asked.append((self.path, self.headers.get("Authorization")))
+            body = json.dumps(answer(self.path)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -445,9 +434,15 @@ def _dashboard() -> http.server.ThreadingHTTPServer:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JobAPI)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JsonAPI)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def _dashboard() -> http.server.ThreadingHTTPServer:
+    """A stand-in for the head's job API: its version, and a job's log."""
+    log = {"logs": "iter 1\n" * 5000}
+    return _json_server(lambda path: {"ray_version": "2.60.0"} if path == "/api/version" else log)
 
 
 def _through_the_api(api: FakeKubeAPI, tmp_path: Path) -> tuple[HeadConnection, Relay]:
