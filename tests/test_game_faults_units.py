@@ -141,14 +141,20 @@ def test_the_game_error_is_found_behind_rllibs_runtime_error() -> None:
 # ------------------------------------------- runner actors that die (not their games)
 
 
-def _training_config() -> Any:
+def _training_config(**options: Any) -> Any:
     """The config `uerl train` builds for 2 workers and a CartPole-like game."""
     topo = Topology.parse({"learners": {"replicas": 0}, "workers": {"replicas": 2}})
     endpoints = local_endpoints(
         topo, gcs_address="127.0.0.2:6379", client_port=10001, base_port=50000
     )
     agent = AgentSpec("cartpole", gym.spaces.Box(-1.0, 1.0, (4,)), gym.spaces.Discrete(2))
-    return build_algo_config(endpoints, GameSpec(num_envs=1, agents={"agent_0": agent}))
+    return build_algo_config(endpoints, GameSpec(num_envs=1, agents={"agent_0": agent}), **options)
+
+
+def test_the_sample_timeout_bounds_each_iterations_wait_for_samples() -> None:
+    # With every game down an iteration ends only at this timeout: it bounds the give-up.
+    assert _training_config().sample_timeout_s == 60.0  # RLlib's default, kept
+    assert _training_config(sample_timeout_s=10.0).sample_timeout_s == 10.0
 
 
 def test_env_runner_actors_are_created_for_ray_to_restart_when_they_die(

@@ -116,6 +116,7 @@ OUT_OF_RANGE = [
     ("local", "--preflight-timeout", "0"),
     ("local", "--request-timeout", "-1"),
     ("local", "--fault-wait", "0"),
+    ("local", "--sample-timeout", "0"),
     ("local", "--game-down-limit", "nan"),
     ("train", "--iterations", "0"),
     ("eval", "--episodes", "0"),

@@ -183,6 +183,14 @@ def _add_fault_args(faults: argparse._ArgumentGroup) -> None:
         metavar="S",
         help="stop (final checkpoint, exit 1) when no game answered for this long (300)",
     )
+    faults.add_argument(
+        "--sample-timeout",
+        type=positive_float,
+        default=60.0,
+        metavar="S",
+        help="how long an iteration waits for its runners' samples (RLlib's sample_timeout_s, "
+        "60): with every game down, the run stops at most this long after --game-down-limit",
+    )
 
 
 def merged_hparams(args: argparse.Namespace) -> dict[str, Any]:
@@ -256,6 +264,7 @@ def options_from_args(
         request_timeout_s=args.request_timeout,
         fault_wait_s=args.fault_wait,
         game_down_limit_s=args.game_down_limit,
+        sample_timeout_s=args.sample_timeout,
         verbose=args.verbose,
         **(extra or {}),
     )

@@ -272,6 +272,7 @@ def build_algo_config(
     request_timeout_s: float = 60.0,
     fault_wait_s: float = 2.0,
     give_up_after_s: float = 300.0,
+    sample_timeout_s: float = 60.0,
     self_play: SelfPlaySettings | None = None,
     env_runner: EnvRunnerChoice = "auto",
 ) -> Any:
@@ -299,7 +300,9 @@ def build_algo_config(
     )
     config = _switch_algo(config, algo)
     config = (
-        config.env_runners(num_cpus_per_env_runner=res.cpus_per_env_runner)
+        config.env_runners(
+            num_cpus_per_env_runner=res.cpus_per_env_runner, sample_timeout_s=sample_timeout_s
+        )
         .learners(
             num_learners=endpoints.num_learners,
             num_cpus_per_learner=res.cpus_per_learner,

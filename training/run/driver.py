@@ -21,6 +21,7 @@ from training.rescale.endpoints_watch import EndpointsWatch
 from training.rescale.rescaler import Rescaler
 from training.rllib.console import RayConsole
 from training.run import checkpoints, metrics
+from training.run.connect import connect
 from training.run.league import LeagueDriver
 from training.run.options import TrainOptions, run_env_runner, run_policies
 from training.run.runner_health import RunnerHealthBoard
@@ -104,20 +105,18 @@ def _run_training(
     import ray
 
     from training.probe.discovery import discover_game
-    from training.probe.preflight import preflight
     from training.rllib.algorithm import build_algo_config
 
     console.quiet_driver_loggers()  # RLlib's logger exists once it is imported
     stop = stop or StopRequest()
     started = time.monotonic()
     try:
-        report = preflight(
+        report = connect(
             endpoints,
+            console,
             timeout_s=options.preflight_timeout_s,
             ray_address=options.ray_address,
-            runtime_env=console.runtime_env(options.ray_address or endpoints.ray.gcs_address),
         )
-        console.capture_worker_output()
         stop.reinstall()
         log(report.summary())
         game = discover_game(endpoints).with_policies(run_policies(options))
@@ -134,6 +133,7 @@ def _run_training(
             request_timeout_s=options.request_timeout_s,
             fault_wait_s=options.fault_wait_s,
             give_up_after_s=options.game_down_limit_s,
+            sample_timeout_s=options.sample_timeout_s,
             self_play=_league_settings(options),
             env_runner=run_env_runner(options),
         )

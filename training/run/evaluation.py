@@ -35,6 +35,7 @@ from infra.endpoints import Endpoints
 from training.policies.self_play import League, Outcomes
 from training.rllib.console import RayConsole
 from training.run import checkpoints
+from training.run.connect import connect
 from training.run.opponents import (
     OPPONENT,
     Opponent,
@@ -291,15 +292,9 @@ def _run_eval(
 
 def _preflight(endpoints: Endpoints, options: EvalOptions, console: RayConsole, log: Log) -> None:
     """Connect to Ray and check the games are free (no training run holds them)."""
-    from training.probe.preflight import preflight
-
-    report = preflight(
-        endpoints,
-        timeout_s=options.preflight_timeout_s,
-        ray_address=options.ray_address,
-        runtime_env=console.runtime_env(options.ray_address or endpoints.ray.gcs_address),
+    report = connect(
+        endpoints, console, timeout_s=options.preflight_timeout_s, ray_address=options.ray_address
     )
-    console.capture_worker_output()
     log(report.summary())
 
 

@@ -42,6 +42,9 @@ class TrainOptions(BaseModel):
     fault_wait_s: float = Field(default=2.0, gt=0)
     # Stop (final checkpoint, exit 1) once no game has answered for this long.
     game_down_limit_s: float = Field(default=300.0, gt=0)
+    # How long an iteration waits for its runners' samples (RLlib's sample_timeout_s). With
+    # every game down an iteration ends only at this timeout, so it bounds the give-up too.
+    sample_timeout_s: float = Field(default=60.0, gt=0)
     # Overrides endpoints.ray.gcs_address (e.g. a port-forward or ray://).
     ray_address: str | None = None
     # Which policy each agent acts with; None: the checkpoint's on --resume, else by_type.

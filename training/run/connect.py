@@ -1,0 +1,32 @@
+"""Connecting a run (training or evaluation) to Ray and the games it will use."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from infra.endpoints import Endpoints
+from training.rllib.console import RayConsole
+
+if TYPE_CHECKING:
+    from training.probe.preflight import PreflightReport
+
+
+def connect(
+    endpoints: Endpoints,
+    console: RayConsole,
+    *,
+    timeout_s: float,
+    ray_address: str | None,
+) -> PreflightReport:
+    """Preflight (Ray connected with the console's runtime env, resources and the
+    discovery game checked), then the workers' output captured as the console says."""
+    from training.probe.preflight import preflight  # imports Ray
+
+    report = preflight(
+        endpoints,
+        timeout_s=timeout_s,
+        ray_address=ray_address,
+        runtime_env=console.runtime_env(ray_address or endpoints.ray.gcs_address),
+    )
+    console.capture_worker_output()
+    return report
