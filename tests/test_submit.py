@@ -680,27 +680,11 @@ def test_rays_job_client_goes_through_the_relay_whatever_ray_address_or_a_proxy_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The real JobSubmissionClient, against a stand-in for the head's job API."""
-    asked: list[str] = []
-
-    class JobAPI(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            answer = {"ray_version": "2.60.0"} if self.path == "/api/version" else {
-                "logs": "iter 1\n"}  # fmt: skip
-            body = json.dumps(answer).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), JobAPI)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    asked: list[tuple[str, str | None]] = []
+    log = {"logs": "iter 1\n"}
+    server = _json_server(
+        lambda path: {"ray_version": "2.60.0"} if path == "/api/version" else log, asked
+    )
     monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:1")  # left over from a `ray job`
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:1")  # a proxy for the web, not us
     monkeypatch.delenv("no_proxy", raising=False)
@@ -715,7 +699,8 @@ def test_rays_job_client_goes_through_the_relay_whatever_ray_address_or_a_proxy_
     finally:
         server.shutdown()
         server.server_close()
-    assert asked[-1] == "/api/jobs/s-1/logs" and "/api/version" in asked
+    paths = [path for path, _ in asked]
+    assert paths[-1] == "/api/jobs/s-1/logs" and "/api/version" in paths
     assert os.environ["RAY_ADDRESS"] == "http://127.0.0.1:1" and "no_proxy" not in os.environ
 
 
