@@ -259,12 +259,11 @@ class Follower:
     def _ended(self, status: str, ctrl_c: CtrlC) -> int:
         if status == "FAILED":
             message = ""
-            try:
-                # Its first line ("... failed with exit code 1"); the rest repeats the log.
+            # Its first line ("... failed with exit code 1"); the rest repeats the log. Best
+            # effort: the log printed above already says why, should the API not answer.
+            with contextlib.suppress(Exception):
                 info = self.client.get_job_info(self.job_id)
                 message = (str(info.message or "").strip().splitlines() or [""])[0]
-            except Exception:
-                pass  # the log above says it as well
             self._say(f"job {self.job_id} FAILED" + (f": {message}" if message else ""))
             return EXIT_STATUS["FAILED"]
         self._say(f"job {self.job_id} {status}")
