@@ -166,6 +166,17 @@ def test_the_head_gives_a_stopped_job_time_for_its_final_checkpoint() -> None:
     assert {"name": "RAY_JOB_STOP_WAIT_TIME_S", "value": "120"} in head["env"]
 
 
+def test_the_heads_pod_reaps_a_stopped_jobs_orphans() -> None:
+    """On `ray job stop` the job's shell dies before its driver; the orphaned driver's
+    zombie must be reaped (by the pause process, PID 1 of a shared PID namespace) or Ray
+    waits for it until its SIGKILL, the whole grace above."""
+    head = groups(built("dev-sidecar").raycluster)["head"]["template"]["spec"]
+    assert head["shareProcessNamespace"] is True
+    # Only the head: a worker pod's game sidecar does not see the Ray processes.
+    workers = groups(built("dev-sidecar").raycluster)["workers"]["template"]["spec"]
+    assert "shareProcessNamespace" not in workers
+
+
 def test_learner_nodes_advertise_the_learner_resource() -> None:
     """Learners ask for one unit of it, so Ray never puts one on a worker node (whose pod
     a shrink may delete, learner and all)."""

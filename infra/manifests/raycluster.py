@@ -98,6 +98,11 @@ def _head(topology: Topology) -> dict[str, Any]:
     pod_spec = {
         "containers": [container],
         "volumes": [{"name": ENDPOINTS_VOLUME, "configMap": {"name": configmap_name(topology)}}],
+        # PID 1 of the Ray container is `ray start`, which reaps no orphans. A job's shell
+        # dies first on `ray job stop`, its driver is orphaned, and the zombie it leaves
+        # holds Ray's stop until the SIGKILL RAY_JOB_STOP_WAIT_TIME_S later (ray#50031).
+        # With one PID namespace the pod's pause process is PID 1, and it reaps them.
+        "shareProcessNamespace": True,
     }
     # The driver runs here: discovery (networked) and evaluation dial games.
     game_tls.add_client(topology, pod_spec, container)

@@ -235,6 +235,7 @@ class SidecarRun:
     runner_node_ips: list[str] = field(default_factory=list)
     runner_node_ips_after_delete: list[str] = field(default_factory=list)
     status: str = ""
+    stop_s: float = 0.0  # `ray job stop` until the job's status is terminal
 
 
 def _config_up(project: PulumiProject, path: str, value: str) -> Result:
@@ -341,6 +342,7 @@ def sidecar_run(
     run.runner_node_ips_after_delete = _runner_node_ips(cp)
     run.workers["after_delete"] = ray_pods(cp, "workers")
 
+    stop_asked = time.monotonic()
     stopped = jobs.cli("stop", SIDECAR_JOB, timeout_s=300)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     deadline = time.monotonic() + 180
@@ -348,6 +350,8 @@ def sidecar_run(
         assert time.monotonic() < deadline, "ray job stop did not end the job"
         time.sleep(2)
     run.status = status
+    run.stop_s = time.monotonic() - stop_asked
+    figures["ray_job_stop_to_stopped_s"] = round(run.stop_s, 1)
     run.logs["end"] = jobs.logs(SIDECAR_JOB)
     print(f"--- the sidecar job's log ---\n{run.logs['end']}")
     return run
@@ -399,6 +403,12 @@ def test_a_deleted_game_pod_is_replaced_and_its_runner_samples_again(
 def test_ray_job_stop_ends_the_job_with_a_final_checkpoint(sidecar_run: SidecarRun) -> None:
     assert sidecar_run.status == "STOPPED"
     assert "SIGTERM: stopping after this iteration" in sidecar_run.logs["end"]
+
+
+def test_a_stopped_job_ends_on_its_own_before_rays_sigkill(sidecar_run: SidecarRun) -> None:
+    # Ray waits for every process of the job, the orphaned driver too: without a reaper
+    # as the head pod's PID 1 its zombie held the stop until the SIGKILL, the whole grace.
+    assert sidecar_run.stop_s < JOB_STOP_GRACE_S, sidecar_run.stop_s
 
 
 def test_the_checkpoint_is_fetched_and_exported_on_this_machine(
@@ -507,8 +517,10 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
             assert proc.poll() is None, "".join(out)[-6000:] + "".join(err)
             assert time.monotonic() < deadline, "no iteration in 600 s:\n" + "".join(out)[-6000:]
         proc.send_signal(signal.SIGINT)  # Ctrl-C
+        interrupted = time.monotonic()
         # uerl submit waits for the job's end: Ray's grace after SIGTERM, and a minute more.
         code = proc.wait(timeout=JOB_STOP_GRACE_S + 120)
+        ended_s = time.monotonic() - interrupted
     finally:
         if proc.poll() is None:
             proc.kill()  # our own child, by its handle
@@ -519,6 +531,7 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
     print(f"--- uerl submit, Ctrl-C ---\n{''.join(out)[-6000:]}\n{''.join(err)[-3000:]}")
     assert code == 130, "".join(err)
     assert jobs.status(SUBMIT_STOP_JOB) == "STOPPED"
+    assert ended_s < JOB_STOP_GRACE_S, ended_s  # the driver exited: no SIGKILL from Ray
     log = jobs.logs(SUBMIT_STOP_JOB)
     assert "checkpoint" in log
     # The driver's line for the final checkpoint it wrote after Ray's SIGTERM.
