@@ -6,6 +6,7 @@ let a game be reached by its own stack's Ray pods only."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -19,19 +20,20 @@ from infra.manifests import pod_security
 
 pytestmark = pytest.mark.k8s
 
-NS = "uerl-sec"
+_NAMESPACES = itertools.count(1)
 
 
-@pytest.fixture(autouse=True)
-def _remove_namespace(control_plane: ControlPlane) -> Iterator[None]:
-    yield
-    control_plane.kubectl(
-        "delete", "namespace", NS, "--wait=true", "--timeout=120s", "--ignore-not-found"
-    )
+@pytest.fixture
+def ns(control_plane: ControlPlane) -> Iterator[str]:
+    """A namespace of the test's own: it is deleted after the test without waiting for
+    the namespace controller (about 10 s), as the next test uses another."""
+    name = f"uerl-sec-{next(_NAMESPACES)}"
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
 
 
-def _stack(name: str, *sets: str, create_namespace: bool = True) -> list[str]:
-    args = ["--stack", "dev", "--set", f"topology.name={name}", "--set", f"topology.namespace={NS}"]
+def _stack(ns: str, name: str, *sets: str, create_namespace: bool = True) -> list[str]:
+    args = ["--stack", "dev", "--set", f"topology.name={name}", "--set", f"topology.namespace={ns}"]
     if not create_namespace:
         args += ["--set", "topology.create_namespace=false"]
     for item in sets:
@@ -39,21 +41,21 @@ def _stack(name: str, *sets: str, create_namespace: bool = True) -> list[str]:
     return args
 
 
-def _pods(cp: ControlPlane) -> list[dict[str, Any]]:
-    return cp.get_json("pods", "-n", NS)["items"]
+def _pods(cp: ControlPlane, ns: str) -> list[dict[str, Any]]:
+    return cp.get_json("pods", "-n", ns)["items"]
 
 
 @pytest.mark.parametrize("pattern", ["sidecar", "networked"])
 def test_every_pod_is_admitted_under_restricted_and_runs(
-    control_plane: ControlPlane, pattern: str
+    control_plane: ControlPlane, ns: str, pattern: str
 ) -> None:
     cp = control_plane
     # With mutual TLS to the games: their Secret's volumes must pass `restricted` too.
     tls = ("simulator.tls.secret=game-tls", "simulator.tls.mutual=true")
-    deploy_and_wait(cp, *_stack("sec", f"pattern={pattern}", *tls))
-    labels = cp.get_json("namespace", NS)["metadata"]["labels"]
+    deploy_and_wait(cp, *_stack(ns, "sec", f"pattern={pattern}", *tls))
+    labels = cp.get_json("namespace", ns)["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
-    pods = _pods(cp)
+    pods = _pods(cp, ns)
     assert pods and all(running_and_ready(p) for p in pods)
     # What the server stored, with KubeRay's own init container in the worker pods.
     assert {p["metadata"]["name"]: pod_security.violations(p["spec"]) for p in pods} == {
@@ -77,17 +79,19 @@ def test_every_pod_is_admitted_under_restricted_and_runs(
         expected |= {"ray-env-runner": ["game-tls"], "simulator": ["game-tls"]}
     assert secrets == expected
     # The head's ports (GCS, client, dashboard) stay inside the cluster.
-    head_service = cp.get_json("service", "sec-head-svc", "-n", NS)
+    head_service = cp.get_json("service", "sec-head-svc", "-n", ns)
     assert head_service["spec"]["type"] == "ClusterIP"
 
 
-def test_a_privileged_pod_in_that_namespace_is_refused(control_plane: ControlPlane) -> None:
+def test_a_privileged_pod_in_that_namespace_is_refused(
+    control_plane: ControlPlane, ns: str
+) -> None:
     cp = control_plane
-    deploy_and_wait(cp, *_stack("sec"))
+    deploy_and_wait(cp, *_stack(ns, "sec"))
     privileged = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "privileged", "namespace": NS},
+        "metadata": {"name": "privileged", "namespace": ns},
         "spec": {
             "containers": [
                 {"name": "c", "image": "busybox", "securityContext": {"privileged": True}}
@@ -102,15 +106,17 @@ def test_a_privileged_pod_in_that_namespace_is_refused(control_plane: ControlPla
     assert 'violates PodSecurity "restricted' in result.stderr, result.stderr
 
 
-def test_a_game_is_reached_by_its_own_stacks_ray_pods_only(control_plane: ControlPlane) -> None:
+def test_a_game_is_reached_by_its_own_stacks_ray_pods_only(
+    control_plane: ControlPlane, ns: str
+) -> None:
     cp = control_plane
-    deploy_and_wait(cp, *_stack("a", "pattern=networked", "simulator.kind=mock"))
+    deploy_and_wait(cp, *_stack(ns, "a", "pattern=networked", "simulator.kind=mock"))
     deploy_and_wait(
-        cp, *_stack("b", "pattern=networked", "simulator.kind=mock", create_namespace=False)
+        cp, *_stack(ns, "b", "pattern=networked", "simulator.kind=mock", create_namespace=False)
     )
-    policies = cp.get_json("networkpolicies", "-n", NS)["items"]
+    policies = cp.get_json("networkpolicies", "-n", ns)["items"]
     assert {p["metadata"]["name"] for p in policies} == {"a-ray", "a-ue", "b-ray", "b-ue"}
-    pods = _pods(cp)
+    pods = _pods(cp, ns)
     games = [p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/name") == "ue"]
     assert len(games) == 6  # two stacks x (2 workers + discovery)
     for game in games:
@@ -120,9 +126,9 @@ def test_a_game_is_reached_by_its_own_stacks_ray_pods_only(control_plane: Contro
             for p in pods
             if ingress_allowed(
                 policies,
-                namespace=NS,
+                namespace=ns,
                 pod_labels=game["metadata"]["labels"],
-                peer=Peer(NS, p["metadata"]["labels"]),
+                peer=Peer(ns, p["metadata"]["labels"]),
                 port=50051,
             )
         }

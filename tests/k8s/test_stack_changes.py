@@ -18,11 +18,13 @@ pytestmark = pytest.mark.k8s
 
 @pytest.fixture(autouse=True)
 def _remove_stacks(control_plane: ControlPlane) -> Iterator[None]:
-    """Each test's stacks go away after it, so the fake node has room for the next."""
+    """Each test's stacks go away after it, so the fake node has room for the next. Not
+    waited for (the namespace controller takes about 10 s): each test has namespaces of
+    its own names."""
     before = _uerl_namespaces(control_plane)
     yield
     for namespace in sorted(_uerl_namespaces(control_plane) - before):
-        control_plane.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=120s")
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
 def _uerl_namespaces(cp: ControlPlane) -> set[str]:
