@@ -56,12 +56,14 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-# Serial by default: measured here, `PYTEST_XDIST="-n 2 --dist loadgroup
-# --no-loadscope-reorder"` took longer (27:41 for 513 tests on an otherwise idle 2-core
-# machine: two Ray clusters at once only contend for the cores; three overloaded them
-# so that nodes missed Ray's 30 s start limit). tests/conftest.py keeps such runs correct
-# (module fixtures on one worker, the process-leak check per worker).
-PYTEST_XDIST ?=
+# `make test` runs on two pytest-xdist workers (`--dist loadgroup`: tests/conftest.py
+# keeps a module's fixture on one worker and checks for leaked processes per worker);
+# measured on this 2-core machine, 1,134 tests: 7:05 serial (the CPU 45 % busy), 5:08 on
+# two workers (75 %). `make test-slow` stays serial: each of its tests runs a Ray cluster
+# and games, and two at once only contend for the cores (27:41 for 513 tests, longer
+# than serially, when it was measured); three overloaded them so that nodes missed Ray's
+# 30 s start limit. `PYTEST_XDIST=` runs `make test` serially.
+PYTEST_XDIST ?= -n 2 --dist loadgroup
 
 test: setup
 	$(BIN)/ruff check .
@@ -71,7 +73,7 @@ test: setup
 # The long end-to-end training runs (game faults, learning, Ray Jobs, resume, both
 # patterns, signals): CI runs them after `make test`.
 test-slow: setup
-	$(BIN)/python -m pytest -ra --durations=15 -m "slow and not k8s" $(PYTEST_XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=15 -m "slow and not k8s" $(PYTEST_ARGS)
 
 # Builds what is missing (cached outside the work tree), then runs the tier.
 e2e: setup
