@@ -56,14 +56,15 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-# `make test` runs on two pytest-xdist workers (`--dist loadgroup`: tests/conftest.py
-# keeps a module's fixture on one worker and checks for leaked processes per worker);
-# measured on this 2-core machine, 1,134 tests: 7:05 serial (the CPU 45 % busy), 5:08 on
-# two workers (75 %). `make test-slow` stays serial: each of its tests runs a Ray cluster
+# `make test` runs on two pytest-xdist workers (`--dist loadfile`: tests/conftest.py
+# keeps a module on one worker and checks for leaked processes per worker);
+# measured on this 2-core machine, 1,134 tests: 7:05 serial (the CPU 45 % busy), 3:47 on
+# two workers a module at a time (4:57 when xdist spread single tests and a module's
+# fixtures were set up on both workers). `make test-slow` stays serial: each of its tests runs a Ray cluster
 # and games, and two at once only contend for the cores (27:41 for 513 tests, longer
 # than serially, when it was measured); three overloaded them so that nodes missed Ray's
 # 30 s start limit. `PYTEST_XDIST=` runs `make test` serially.
-PYTEST_XDIST ?= -n 2 --dist loadgroup
+PYTEST_XDIST ?= -n 2 --dist loadfile
 
 test: setup
 	$(BIN)/ruff check .
@@ -75,12 +76,18 @@ test: setup
 test-slow: setup
 	$(BIN)/python -m pytest -ra --durations=15 -m "slow and not k8s" $(PYTEST_ARGS)
 
-# Builds what is missing (cached outside the work tree), then runs the tier.
+# Builds what is missing (cached outside the work tree), then runs the tier on two
+# workers: the real node's modules (one node at a time: ONE_UNIT in tests/conftest.py) on
+# one, the control-plane modules (each its own API server, kine and KWOK on free ports) on
+# the other. Serially the tier kept the CPU about half busy (it waits on pods, Ray and the
+# API server): 18 min serially, 11:30 on two workers. `E2E_XDIST=` runs it serially.
+E2E_XDIST ?= -n 2 --dist loadfile
+
 e2e: setup
 	bash tests/k8s/build/build.sh
 	bash tests/k8s/build/install-node-packages.sh
 	$(BIN)/python tests/k8s/images/build.py
-	$(BIN)/python -m pytest -ra --durations=15 -m k8s tests/k8s $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=15 -m k8s tests/k8s $(E2E_XDIST) $(PYTEST_ARGS)
 
 # Benchmarks, on demand (not in CI; docs/development.md lists them): figures, not checks.
 bench: setup

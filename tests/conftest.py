@@ -130,47 +130,65 @@ class ModuleClock:
 
 # ------------------------------------------- order and grouping for pytest-xdist
 
-# With `PYTEST_XDIST` (see Makefile) the suite runs on pytest-xdist workers (`--dist
-# loadgroup`), which take tests in collection order; a serial run keeps pytest's order.
-# These modules take longest (each test a real `uerl local`
-# run or Ray cluster, see docs/development.md), longest first: started first, they end
-# while the workers go through the quick tests, instead of one of them starting last.
+# With `PYTEST_XDIST` / `E2E_XDIST` (see Makefile) a suite runs on pytest-xdist workers
+# (`--dist loadfile`), which take whole modules in collection order; a serial run keeps
+# pytest's order. A module is one unit of work, so its module-scoped fixtures (a
+# cluster, a trained run, a control plane) are set up once. (`--dist loadgroup` with
+# `xdist_group` marks does nothing under pytest 9.2: xdist 3.8 tags the group onto
+# `item._nodeid`, which pytest no longer reads, so every test went its own way and a
+# module's fixture was set up on each worker.)
+#
+# These modules take longest (each test a real `uerl local` run, Ray cluster or real
+# node), longest first: started first, they end while the workers go through the quick
+# ones, instead of one of them starting last.
 LONGEST_FIRST = (
+    # `make e2e`: the real node's modules (one unit, see ONE_UNIT)
+    "test_node.py",
+    "test_node_teardown.py",
+    "test_pods_e2e.py",
+    # `make test`
+    "test_local_e2e.py",
     "test_game_faults_e2e.py",
     "test_ray_jobs.py",
-    "test_local_e2e.py",
     "test_resume.py",
     "test_eval_e2e.py",
     "test_learning.py",
+    "test_preflight.py",
+    "test_local_cluster.py",
     "test_console.py",
     "test_algos.py",
     "test_game_faults_cluster.py",
     "test_ppo_mock.py",
-    "test_local_cluster.py",
     "test_export.py",
-    "test_preflight.py",
     "test_driver_build.py",
 )
 
+# Modules that must run one after the other on one worker: each starts a real node, which
+# owns the host's bridge and iptables chains and the node API's address (10.250.0.1).
+ONE_UNIT = {
+    "test_node.py": "real-node",
+    "test_node_teardown.py": "real-node",
+    "test_pods_e2e.py": "real-node",
+}
 
-def _module_fixture_group(item: pytest.Item) -> str | None:
-    """`<module>[<params>]` for a test using a module-scoped fixture, else None.
 
-    Tests sharing a module-scoped fixture (a cluster, a trained run) run on one worker,
-    so it is set up once; one group per parameter of a parametrized one."""
-    fixtureinfo = getattr(item, "_fixtureinfo", None)
-    if fixtureinfo is None:
+def _unit_of(nodeid: str) -> str:
+    """The unit of work `nodeid` belongs to: its module, or its ONE_UNIT group."""
+    module = nodeid.split("::", 1)[0]
+    return ONE_UNIT.get(module.rsplit("/", 1)[-1], module)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with each ONE_UNIT group as one unit besides."""
+    if config.getvalue("dist") != "loadfile":
         return None
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    names = [
-        name
-        for name in item.fixturenames
-        if (defs := fixtureinfo.name2fixturedefs.get(name)) and defs[-1].scope == "module"
-    ]
-    if not names:
-        return None
-    ids = [f"{name}={params[name]}" for name in sorted(names) if name in params]
-    return item.path.name + (f"[{','.join(ids)}]" if ids else "")
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit_of(nodeid)
+
+    return ModuleScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -179,9 +197,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     # A stable sort by module keeps each module's tests together and in pytest's order.
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-    for item in items:
-        if (group := _module_fixture_group(item)) is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture

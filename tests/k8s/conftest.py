@@ -65,3 +65,24 @@ def node(request: pytest.FixtureRequest, node_control_plane: ControlPlane) -> It
         yield real
         if request.session.testsfailed > failed_before:
             real.keep = True
+
+
+# ---------------------------------------------------------------- figures in the log
+
+_figures: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keeps the `figure NAME: VALUE` lines a test printed (test_pods_e2e's Figures).
+    Output is captured, and under pytest-xdist it reaches this process only inside the
+    report, so the session's summary prints them, passed or not."""
+    for name, content in report.sections:
+        if name == f"Captured stdout {report.when}":  # each phase's own output, once
+            _figures.extend(line for line in content.splitlines() if line.startswith("figure "))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _figures:
+        terminalreporter.write_sep("=", "figures measured")
+        for line in _figures:
+            terminalreporter.write_line(line)
