@@ -317,6 +317,9 @@ def _service(name: str, ns: str, selector: dict[str, str], port: int) -> dict[st
 
 
 def _wait_ready(cp: ControlPlane, ns: str, *objects: str) -> None:
+    # A controller's pod (the StatefulSet's web-0) exists only once the controller made it,
+    # and `--for=condition` fails at once on a missing object: under load it was missing.
+    cp.kubectl("wait", "-n", ns, "--for=create", "--timeout=90s", *objects)
     cp.kubectl("wait", "-n", ns, "--for=condition=Ready", "--timeout=90s", *objects)
 
 
