@@ -13,7 +13,7 @@ NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/build.rs native/pyp
 # Cargo's build cache, outside the work tree: a rebuild after a change takes seconds.
 CARGO_TARGET_DIR ?= $(HOME)/.cache/uerl-native/target
 
-.PHONY: setup local test test-slow lint bench bench-policies render images images-local docs clean
+.PHONY: setup local test test-slow lint bench bench-policies bench-self-play render images images-local docs clean
 
 setup: $(STAMP) $(NATIVE_STAMP)
 
@@ -96,6 +96,11 @@ bench: setup
 # ctde against independent at the same step budget on the Relay game (docs/training.md).
 bench-policies: setup
 	$(BIN)/uerl bench-policies --env uerl/Relay-v0 --policies ctde independent --seeds 1 --iterations 25 $(ARGS)
+
+# Self-play on Sumo as tests/test_self_play_e2e.py trains it, over five seeds: wins, draws
+# and losses against a random player and the first snapshot (the test's thresholds).
+bench-self-play: setup
+	$(BIN)/uerl bench-self-play --seeds 1 2 3 4 5 $(ARGS)
 
 render: setup
 	$(BIN)/uerl render --stack dev $(ARGS)

@@ -22,6 +22,7 @@ import pulumi
 from infra import manifests
 from infra.components import (
     KubeRayOperator,
+    RunStorage,
     StackNetworkPolicies,
     StackServiceAccounts,
     UeExecutablesVolume,
@@ -97,6 +98,9 @@ def main() -> None:
     # Sidecar games run inside the RayCluster's worker pods.
     pod_deps = game_deps if topology.pattern == "sidecar" else [*base, *accounts]
     cluster_deps = [*operator_deps, *pod_deps]
+    # The head mounts the runs claim.
+    if objects.runs_pvc is not None:
+        cluster_deps.append(RunStorage("runs", objects.runs_pvc, depends_on=base).pvc)
     UerlRayCluster(topology.name, objects.raycluster, objects.endpoints, depends_on=cluster_deps)
 
     if objects.ue_statefulset is not None and objects.ue_service is not None:

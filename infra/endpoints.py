@@ -97,6 +97,20 @@ class GameTLS(BaseModel):
         return self
 
 
+class RunStorage(BaseModel):
+    """Where a training run's artefacts go, as the machine the driver runs on sees it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uri: str = Field(
+        pattern=r"^(file:///|s3://)\S+$",
+        description="file:///<directory> (a volume the driver's machine mounts) or "
+        "s3://<bucket>/<prefix>; a run goes to <uri>/<run name>",
+    )
+    s3_endpoint: str | None = Field(default=None, description="S3: the store's URL (None: AWS)")
+    s3_region: str | None = Field(default=None, description="S3: the bucket's region")
+
+
 class Endpoints(BaseModel):
     """Version 1 of the contract between infra and training."""
 
@@ -124,6 +138,9 @@ class Endpoints(BaseModel):
     resources: Resources
     simulator_startup_timeout_s: float = Field(gt=0)
     tls: GameTLS | None = Field(default=None, description="TLS to the games; None: plaintext")
+    runs: RunStorage | None = Field(
+        default=None, description="durable run storage; None: runs/ beside the driver"
+    )
 
     def worker_endpoint(self, worker_index: int) -> str:
         if not 1 <= worker_index <= self.num_env_runners:

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from infra.config_path import format_path
-from infra.endpoints import Endpoints, GameTLS, RayAddresses, Resources
+from infra.endpoints import Endpoints, GameTLS, RayAddresses, Resources, RunStorage
 
 # The Ray version the training package is pinned to (pyproject: ray[default,rllib]==...).
 # The default Ray image follows it so head, workers and driver agree.
@@ -706,6 +706,102 @@ class ExecutablesSpec(_Spec):
         return None if value is None else _dns_label(value, max_len=253)
 
 
+# An S3 bucket name (AWS's rules, which S3-compatible stores follow).
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# Where the Ray head mounts the runs claim (`runs.store: claim`).
+RUNS_MOUNT_PATH = "/uerl/runs"
+# The keys of `runs.s3.credentials_secret`, passed to the head as the environment
+# variables of the same names (what every S3 client reads).
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+def _bucket(value: str) -> str:
+    if not BUCKET.match(value) or ".." in value:
+        raise ValueError(
+            f"{value!r} is not an S3 bucket name (3 to 63 lowercase letters, digits, '.' "
+            "and '-', starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def _prefix(value: str) -> str:
+    if value.startswith("/") or value.endswith("/") or "//" in value:
+        raise ValueError(f"{value!r}: a key prefix has no leading, trailing or double '/'")
+    return value
+
+
+def _http_url(value: str) -> str:
+    if not re.match(r"^https?://[^/\s]+/?$", value):
+        raise ValueError(
+            f"{value!r} is not an S3 endpoint URL (http:// or https://, a host and an "
+            "optional port, no path), e.g. https://s3.example.com:9000"
+        )
+    return value.rstrip("/")
+
+
+class RunsClaimSpec(_Spec):
+    """The PersistentVolumeClaim runs are stored on (`runs.store: claim`)."""
+
+    # Use this PersistentVolumeClaim instead of creating one.
+    existing_claim: Text | None = None
+    # Size of the claim uerl creates, a Kubernetes quantity.
+    size: Quantity = "20Gi"
+    # Storage class of that claim. None: the cluster's default.
+    storage_class: Text | None = None
+    # Only the Ray head mounts it (the driver runs there).
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
+
+    @field_validator("existing_claim")
+    @classmethod
+    def _claim_name(cls, value: str | None) -> str | None:
+        return None if value is None else _dns_label(value, max_len=253)
+
+
+class RunsS3Spec(_Spec):
+    """An S3-compatible bucket runs are stored in (`runs.store: s3`)."""
+
+    # The bucket; it must exist (a training refuses to start otherwise).
+    bucket: Annotated[str, BeforeValidator(_config_text), AfterValidator(_bucket)]
+    # Key prefix of every run: `s3://<bucket>/<prefix>/<run>/...`.
+    prefix: Annotated[str, BeforeValidator(_config_text), AfterValidator(_prefix)] = "uerl-runs"
+    # The store's URL. None: AWS S3 in `region`.
+    endpoint: Annotated[str, BeforeValidator(_config_text), AfterValidator(_http_url)] | None = None
+    # The bucket's region (S3-compatible stores mostly ignore it).
+    region: Text = "us-east-1"
+    # A Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, given to the head as
+    # those variables. None: the head's service account identity (IRSA, workload
+    # identity) or the node's grants access.
+    credentials_secret: SecretName | None = None
+
+
+class RunsSpec(_Spec):
+    """Where a training's artefacts go (checkpoints, metrics, curves, events, logs, ONNX):
+    durable storage outside the Ray head, so a run outlives its pods."""
+
+    # `claim`: a PersistentVolumeClaim mounted on the head; `s3`: an S3-compatible bucket.
+    store: Literal["claim", "s3"] = "claim"
+    claim: RunsClaimSpec = RunsClaimSpec()
+    s3: RunsS3Spec | None = None
+
+    @model_validator(mode="after")
+    def _store_is_described(self) -> RunsSpec:
+        if self.store == "s3" and self.s3 is None:
+            raise FieldError(("s3",), "runs.store is 's3': give at least s3.bucket")
+        if self.store == "claim" and self.s3 is not None:
+            raise FieldError(
+                ("store",), "runs.s3 is set but runs.store is 'claim': set store to 's3'"
+            )
+        return self
+
+    @property
+    def uri(self) -> str:
+        """Where runs go, as the head sees it."""
+        if self.store == "s3":
+            assert self.s3 is not None  # checked above
+            return f"s3://{self.s3.bucket}/{self.s3.prefix}"
+        return f"file://{RUNS_MOUNT_PATH}"
+
+
 class OperatorSpec(_Spec):
     """The KubeRay operator (Helm chart `kuberay-operator`)."""
 
@@ -788,6 +884,7 @@ class Topology(_Spec):
     executables: ExecutablesSpec = ExecutablesSpec()
     operator: OperatorSpec = OperatorSpec()
     security: SecuritySpec = SecuritySpec()
+    runs: RunsSpec = RunsSpec()
 
     @field_validator("name")
     @classmethod
@@ -865,6 +962,13 @@ class Topology(_Spec):
     @property
     def claim_name(self) -> str:
         return self.executables.existing_claim or f"{self.name}-ue-executables"
+
+    @property
+    def runs_claim_name(self) -> str | None:
+        """The claim runs are stored on; None when they go to object storage."""
+        if self.runs.store != "claim":
+            return None
+        return self.runs.claim.existing_claim or f"{self.name}-runs"
 
     @property
     def uses_executables(self) -> bool:
@@ -989,6 +1093,11 @@ class Topology(_Spec):
             ),
             simulator_startup_timeout_s=self.simulator.startup_timeout_s,
             tls=GameTLS.mounted(mutual=self.simulator.tls.mutual) if self.simulator.tls else None,
+            runs=RunStorage(
+                uri=self.runs.uri,
+                s3_endpoint=self.runs.s3.endpoint if self.runs.s3 else None,
+                s3_region=self.runs.s3.region if self.runs.s3 else None,
+            ),
         )
 
     # -- parsing with errors that name the config path ------------------------

@@ -72,10 +72,13 @@ def test_sidecar_dev_stack_creates_operator_namespace_endpoints_and_raycluster(s
         RAYCLUSTER: 1,
         "uerl:infra:StackNetworkPolicies": 1,
         "kubernetes:networking.k8s.io/v1:NetworkPolicy": 1,  # Ray's (sidecar games inside)
+        "uerl:infra:RunStorage": 1,
+        CLAIM: 1,  # the runs'
     }
 
 
 STATEFULSET = "kubernetes:apps/v1:StatefulSet"
+CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
 SERVICE = "kubernetes:core/v1:Service"
 
 
@@ -222,9 +225,8 @@ def test_without_operator_install_there_is_no_chart_to_wait_for() -> None:
 
 def test_games_wait_for_the_build_loader(unreal_loader) -> None:
     counts = type_counts(unreal_loader)
-    assert (
-        counts["kubernetes:batch/v1:Job"] == counts["kubernetes:core/v1:PersistentVolumeClaim"] == 1
-    )
+    # The build's claim and the runs'.
+    assert (counts["kubernetes:batch/v1:Job"], counts[CLAIM]) == (1, 2)
     games = [
         *resources_of(unreal_loader, STATEFULSET).values(),
         *resources_of(unreal_loader, SERVICE).values(),
@@ -279,8 +281,9 @@ def test_registered_objects_are_exactly_the_rendered_ones(run: str, request) -> 
 
 def test_every_kubernetes_resource_is_named_explicitly_after_its_object(networked) -> None:
     objects = [r for r in networked["resources"] if r["custom"] and "metadata" in r["inputs"]]
-    # Namespace, ConfigMap, RayCluster, StatefulSet, Service, two NetworkPolicies.
-    assert len(objects) == 7
+    # Namespace, ConfigMap, RayCluster, StatefulSet, Service, two NetworkPolicies, the
+    # runs' claim.
+    assert len(objects) == 8
     for r in objects:
         assert r["inputs"]["metadata"]["name"] == r["name"]
 

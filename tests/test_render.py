@@ -37,8 +37,14 @@ def _in_project(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_dev_stack_renders_namespace_endpoints_and_raycluster(capsys) -> None:
     code, out, _ = run(capsys, "--stack", "dev")
     assert code == 0
-    # The NetworkPolicy comes before any pod it guards.
-    assert kinds(out) == ["Namespace", "NetworkPolicy", "ConfigMap", "RayCluster"]
+    # The NetworkPolicy comes before any pod it guards; the runs' claim before the head.
+    assert kinds(out) == [
+        "Namespace",
+        "NetworkPolicy",
+        "PersistentVolumeClaim",
+        "ConfigMap",
+        "RayCluster",
+    ]
 
 
 def test_output_starts_with_a_comment_naming_the_operator_chart_and_version(capsys) -> None:

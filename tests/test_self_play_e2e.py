@@ -87,8 +87,10 @@ def test_the_learner_beats_a_random_player(trained: LocalRun) -> None:
     assert report["opponent"] == "random"
     results = report["learner_results"]
     # Random against random scores 0 net by symmetry. A Sumo bout that runs out of time is
-    # a draw, and how many end so varies run to run (one CI run: 77 won, 23 drawn, 0 lost),
-    # so the measure is the net score and the losses, not the wins alone.
+    # a draw, and how many end so varies run to run, so the measure is the net score and
+    # the losses. Six runs of this configuration (`make bench-self-play`, seeds 1-5 and 1
+    # again): net 77 to 94, median 91, never a loss; CI's lowest, beside the Kubernetes
+    # tier, 77. The bar sits under the lowest seen by about the spread of the runs.
     assert results["wins"] - results["losses"] >= 60, results
     assert results["losses"] <= 5, results
 
@@ -99,7 +101,9 @@ def test_the_learner_beats_its_own_first_snapshot(trained: LocalRun) -> None:
     report = evaluate(trained, "snapshot:0")
     assert report["opponent"] == "snapshot 0 (sampled actions)"
     results = report["learner_results"]
-    # Net score, as against random (draws vary: one run won 55, drew 45, lost 0).
+    # Net score, as against random. The six runs above: net 83 to 99, median 92, never a
+    # loss; one CI run beside the Kubernetes tier won 55 and drew 45 (net 55), the lowest
+    # seen. The bar sits under it by about the spread of the runs.
     assert results["wins"] - results["losses"] >= 40, results
     assert results["losses"] <= 10, results
 

@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "training.commands.bench_policies",
         "compare policy configurations at the same step budget",
     ),
+    "bench-self-play": (
+        "training.commands.bench_self_play",
+        "self-play on Sumo over seeds: wins, draws, losses against random and snapshot 0",
+    ),
     "submit": (
         "training.commands.submit",
         "run `uerl train` (or eval) on a stack's cluster as a Ray job, from this machine",

@@ -16,6 +16,7 @@ from infra.manifests import (
     operator,
     placement,
     raycluster,
+    runs_storage,
     simulator,
     volume,
 )
@@ -43,6 +44,8 @@ class Manifests:
     network_policies: tuple[K8sObject, ...] = ()
     # The accounts pods run as that the stack creates (`service_account.create`).
     service_accounts: tuple[K8sObject, ...] = ()
+    # The claim the runs are stored on (`runs.store: claim`, unless an existing one).
+    runs_pvc: K8sObject | None = None
 
     def objects(self) -> list[K8sObject]:
         """Every object, in apply order."""
@@ -53,6 +56,7 @@ class Manifests:
                 *self.service_accounts,  # before any pod that runs as one
                 *self.network_policies,  # before any pod they guard
                 self.pvc,
+                self.runs_pvc,
                 self.loader_job,
                 self.endpoints,
                 self.raycluster,
@@ -78,6 +82,7 @@ def build(topology: Topology, project_root: Path = PROJECT_ROOT) -> Manifests:
         ue_service=simulator.service(topology),
         network_policies=tuple(network_policy.policies(topology)),
         service_accounts=tuple(placement.service_accounts(topology)),
+        runs_pvc=runs_storage.pvc(topology),
     )
 
 

@@ -92,7 +92,7 @@ def restrict(pod_spec: dict[str, Any], *, fs_group: int | None = None) -> dict[s
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     if fs_group is not None:
-        pod_context["fsGroup"] = fs_group  # volumes the pod writes (the loader's)
+        pod_context["fsGroup"] = fs_group  # volumes the pod writes (the build, the runs)
     pod_spec["securityContext"] = pod_context
     containers = [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
     for container in containers:

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from infra.endpoints import HEAD_MOUNT_DIR
-from infra.manifests import game_tls, placement, pod_security, simulator, volume
+from infra.manifests import game_tls, placement, pod_security, runs_storage, simulator, volume
 from infra.manifests.common import K8sObject, await_annotations, metadata, sized_resources
 from infra.manifests.endpoints_configmap import configmap_name
 from infra.topology import (
@@ -50,7 +50,12 @@ def custom_resources_param(resource: str) -> str:
 
 
 def _pod_template(
-    topology: Topology, component: str, group: RayGroupSpec, pod_spec: dict[str, Any]
+    topology: Topology,
+    component: str,
+    group: RayGroupSpec,
+    pod_spec: dict[str, Any],
+    *,
+    fs_group: int | None = None,
 ) -> dict[str, Any]:
     ray = pod_spec["containers"][0]
     ray.setdefault("volumeMounts", []).append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
@@ -60,7 +65,7 @@ def _pod_template(
     placement.place(pod_spec, group)
     return {
         "metadata": placement.pod_metadata(topology, group, name=APP_NAME, component=component),
-        "spec": pod_security.restrict(pod_spec),
+        "spec": pod_security.restrict(pod_spec, fs_group=fs_group),
     }
 
 
@@ -106,10 +111,14 @@ def _head(topology: Topology) -> dict[str, Any]:
     }
     # The driver runs here: discovery (networked) and evaluation dial games.
     game_tls.add_client(topology, pod_spec, container)
+    # ... and writes the run's artefacts to the runs claim (owned by Ray's group, so the
+    # claim's files are writable by the Ray user) or the object store.
+    runs_storage.add_to_head(topology, pod_spec, container)
+    fs_group = pod_security.RAY_GID if topology.runs_claim_name is not None else None
     return {
         # The head runs the driver only: no tasks or actors are scheduled on it.
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
-        "template": _pod_template(topology, "ray-head", head, pod_spec),
+        "template": _pod_template(topology, "ray-head", head, pod_spec, fs_group=fs_group),
     }
 
 

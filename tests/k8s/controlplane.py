@@ -4,8 +4,9 @@
 kine (the etcd API over SQLite), kube-apiserver, kube-controller-manager,
 kube-scheduler, KWOK (which makes fake Nodes Ready and scheduled Pods Running)
 and, optionally, the KubeRay operator as a plain process. It creates fake Nodes
-big enough for a dev stack and a ReadWriteMany PersistentVolume, and writes an
-admin kubeconfig (`.kubeconfig`).
+big enough for a dev stack, a ReadWriteMany PersistentVolume (the game build's claim)
+and a pool of ReadWriteOnce ones (the stacks' runs claims), and writes an admin
+kubeconfig (`.kubeconfig`).
 
 Binaries come from tests/k8s/build/build.sh's cache; nothing is downloaded here.
 Nodes and Pods are simulated: Pod and Service IPs are fake and never contacted;
@@ -53,6 +54,9 @@ KUBERAY_CRD_NAMES = frozenset(
 )
 
 LOOPBACK = "127.0.0.1"
+# ReadWriteOnce volumes for the stacks' runs claims: more than the stacks one control plane
+# holds in a run (a claim a destroyed stack released is not bound again: Retain).
+RWO_VOLUMES = 32
 SERVICE_CIDR = "10.96.0.0/16"  # ClusterIPs: fake with KWOK, real with a node (node.py)
 POD_CIDR = "10.244.0.0/16"  # KWOK's fake Pod IPs, never contacted; a real node's are inside
 # The API server's address when pods must reach it (ControlPlane(api_address=...)):
@@ -81,6 +85,8 @@ PIECES: dict[str, tuple[str, ...]] = {
     "cni-plugins": ("bridge", "host-local", "loopback", "portmap"),
     "coredns": ("coredns",),
     "kube-router": ("kube-router",),
+    # The S3-compatible object store of the run storage tests.
+    "seaweedfs": ("weed",),
 }
 # versions.env names a piece's version <PIECE>_VERSION, except these.
 _VERSION_KEYS = {"pulumi-language-python": "pulumi", "kubernetes-node": "kubernetes"}
@@ -397,6 +403,7 @@ class ControlPlane(StartStop):
         objects = [_node_manifest(node) for node in self.nodes]
         if self.rwx_volume:
             objects.append(self._rwx_volume_manifest())
+            objects += self._rwo_volume_manifests()
         self.kubectl("create", "-f", "-", input=_as_list(objects))
         names = [node.name for node in self.nodes]
         self._wait(kwok, self._nodes_ready, f"nodes {names} Ready", step="nodes Ready")
@@ -685,18 +692,44 @@ class ControlPlane(StartStop):
 
     def _rwx_volume_manifest(self) -> dict[str, Any]:
         # For a ReadWriteMany claim with no storage class (such as the
-        # executables claim). hostPath: nothing reads it; the pods are fake.
+        # executables claim). hostPath: on the real node, this machine's directory.
         return {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
             "metadata": {"name": "uerl-test-rwx"},
             "spec": {
                 "capacity": {"storage": "100Gi"},
-                "accessModes": ["ReadWriteMany", "ReadOnlyMany", "ReadWriteOnce"],
+                # Not ReadWriteOnce: the runs claims bind the pool below.
+                "accessModes": ["ReadWriteMany", "ReadOnlyMany"],
                 "persistentVolumeReclaimPolicy": "Retain",
                 "hostPath": {"path": str(self.workdir / "rwx-volume")},
             },
         }
+
+    def _rwo_volume_manifests(self) -> list[dict[str, Any]]:
+        """Static provisioning, as a cluster without a dynamic provisioner has it: a pool
+        of volumes the PV controller binds the stacks' ReadWriteOnce claims (runs) to, one
+        each. Each is a directory on this machine that the pods' non-root users may
+        write (a hostPath volume gets no fsGroup)."""
+        volumes = []
+        for index in range(RWO_VOLUMES):
+            path = self.workdir / f"rwo-volume-{index}"
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)
+            volumes.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolume",
+                    "metadata": {"name": f"uerl-test-rwo-{index}"},
+                    "spec": {
+                        "capacity": {"storage": "100Gi"},
+                        "accessModes": ["ReadWriteOnce"],
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "hostPath": {"path": str(path)},
+                    },
+                }
+            )
+        return volumes
 
     def _nodes_ready(self) -> bool:
         result = self.kubectl("get", "nodes", "-o", "json", check=False)

@@ -40,7 +40,13 @@ def test_dev_stack_is_reconciled(control_plane: ControlPlane) -> None:
     """The dev stack (mock game, sidecar pattern): head + learners + workers Running."""
     objects = deploy_and_wait(control_plane, "--stack", "dev")
     kinds = [o["kind"] for o in objects]
-    assert kinds == ["Namespace", "NetworkPolicy", "ConfigMap", "RayCluster"]
+    assert kinds == [
+        "Namespace",
+        "NetworkPolicy",
+        "PersistentVolumeClaim",  # the runs'
+        "ConfigMap",
+        "RayCluster",
+    ]
 
 
 def test_unreal_networked_stack_claims_the_rwx_volume(control_plane: ControlPlane) -> None:
@@ -55,7 +61,11 @@ def test_unreal_networked_stack_claims_the_rwx_volume(control_plane: ControlPlan
         "--set", "topology.pattern=networked",
         "--set", "topology.workers.replicas=3",
     )  # fmt: skip
-    claim = next(o for o in objects if o["kind"] == "PersistentVolumeClaim")
+    claim = next(
+        o
+        for o in objects
+        if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] == "ue-ue-executables"
+    )
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
 
     def bound() -> bool:

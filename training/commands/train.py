@@ -11,11 +11,17 @@ import sys
 from collections.abc import Sequence
 
 from infra.endpoints import Endpoints, EndpointsError
-from training.commands.training_options import add_training_args, options_from_args
+from training.commands.training_options import (
+    add_training_args,
+    check_flags,
+    options_from_args,
+    run_name_from_args,
+)
 from training.rllib.hparams import HyperparameterError
 from training.run.checkpoints import CheckpointError
 from training.run.options import check_before_start
 from training.run.stop import StopRequest
+from training.runstore.stored_run import StoredRun, open_stored_run
 
 PROG = "uerl train"
 
@@ -39,23 +45,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)  # under `ray job submit` stdout is a file
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     from training.run.endpoints_source import endpoints_file
 
+    stored: StoredRun | None = None
     try:
         source = endpoints_file(args.endpoints)
         endpoints = Endpoints.from_file(source)
+        run_name = run_name_from_args(args, name=endpoints.cluster_name)
+        check_flags(args)  # before the run storage is reached
+        # The stack's run storage, unless --run-dir puts the run elsewhere.
+        if args.run_dir is None and endpoints.runs is not None:
+            stored = open_stored_run(endpoints, run_name, resume=args.resume, log=_say)
+            _say(f"run storage: {stored.where}")
         options = options_from_args(
             args,
             name=endpoints.cluster_name,
             extra={"ray_address": args.ray_address, "endpoints_file": source},
+            stored_run_dir=stored.run_dir if stored is not None else None,
         )
         check_before_start(options, num_learners=endpoints.num_learners)
     except (EndpointsError, HyperparameterError, CheckpointError, ValueError) as exc:
+        if stored is not None:
+            stored.close()
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     from training.run.outcome import train_and_report
 
-    with StopRequest() as stop:
-        return train_and_report(endpoints, options, stop=stop, prog=PROG)
+    try:
+        with StopRequest() as stop:
+            return train_and_report(
+                endpoints,
+                options,
+                stop=stop,
+                prog=PROG,
+                store=stored.sync if stored is not None else None,
+            )
+    finally:
+        if stored is not None and not stored.close():
+            print(f"{PROG}: the run is not all in {stored.where}", file=sys.stderr)

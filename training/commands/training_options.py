@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,10 @@ from training.policies.self_play import MAX_WINDOW, SelfPlaySettings
 from training.rllib import hparams as hp
 from training.run import checkpoints
 from training.run.options import DEFAULT_ITERATIONS, TrainOptions
+from training.runstore.location import check_run_name, default_run_name
 
+# --resume auto: the newest checkpoint if there is one, else a new run.
+AUTO = "auto"
 # The key of the --hparams YAML that chooses the policy configuration.
 POLICIES_KEY = "policies"
 
@@ -57,7 +59,14 @@ def _add_output_args(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--run-dir",
         type=Path,
-        help="metrics CSV, learning curve, logs (default runs/<name>-<time>)",
+        help="metrics CSV, learning curve, logs, checkpoints (default: the stack's run "
+        "storage as the endpoints name it, else runs/; in it a directory named --run-name)",
+    )
+    group.add_argument(
+        "--run-name",
+        metavar="NAME",
+        help="the run's directory in the run storage (default <cluster name>-<time>); "
+        "with --resume latest, the run to continue",
     )
     group.add_argument(
         "--checkpoint-dir", type=Path, help="checkpoints (default <run-dir>/checkpoints)"
@@ -123,7 +132,9 @@ def _add_checkpoint_args(group: argparse._ArgumentGroup) -> None:
         nargs="?",
         const="latest",
         metavar="PATH",
-        help="continue from the newest checkpoint in --checkpoint-dir, or from PATH",
+        help="continue from the newest checkpoint in --checkpoint-dir, or from PATH; "
+        "`auto`: continue the run if it has a checkpoint, else start it (what a run "
+        "restarted after a lost head is given)",
     )
 
 
@@ -225,13 +236,37 @@ def policies_from_args(args: argparse.Namespace) -> PolicyConfiguration | None:
         raise hp.HyperparameterError(f"{args.hparams}: {exc}") from None
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """The hyperparameters and policies asked for, checked (as options_from_args does)
+    before anything is reached or started."""
+    merged_hparams(args)
+    policies_from_args(args)
+
+
+def run_name_from_args(args: argparse.Namespace, *, name: str) -> str:
+    """--run-name, else `<name>-<time>`; refused with --run-dir (which places the run)."""
+    if args.run_name is not None and args.run_dir is not None:
+        raise ValueError("--run-name names a run in the run storage: give it or --run-dir")
+    return check_run_name(args.run_name or default_run_name(name))
+
+
 def options_from_args(
-    args: argparse.Namespace, *, name: str, extra: dict[str, Any] | None = None
+    args: argparse.Namespace,
+    *,
+    name: str,
+    extra: dict[str, Any] | None = None,
+    stored_run_dir: Path | None = None,
 ) -> TrainOptions:
-    run_dir = args.run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """`stored_run_dir`: the run's directory in the stack's run storage, unless --run-dir
+    says otherwise; None: runs/<run name> here."""
+    run_dir = args.run_dir or stored_run_dir or Path("runs") / run_name_from_args(args, name=name)
     checkpoint_dir = args.checkpoint_dir or run_dir / "checkpoints"
-    if args.resume is not None:  # fail before starting anything
-        resumed = checkpoints.resolve(args.resume, checkpoint_dir)
+    resume = args.resume
+    if resume == AUTO:
+        has_one = (checkpoint_dir / checkpoints.LATEST).is_file()
+        resume = checkpoints.LATEST if has_one else None
+    if resume is not None:  # fail before starting anything
+        resumed = checkpoints.resolve(resume, checkpoint_dir)
         checkpoints.read_meta(resumed)
         checkpoints.check_pickles(resumed, flag="--resume")
     check_writable_dir(run_dir, "--run-dir")
@@ -244,7 +279,7 @@ def options_from_args(
         run_dir=run_dir,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
+        resume=resume,
         hparams=merged_hparams(args),
         policies=policies_from_args(args),
         env_runner=args.env_runner,

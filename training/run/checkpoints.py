@@ -10,11 +10,12 @@ algorithm, `game.json` (the game's agents and named spaces) so `uerl eval` and
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from training.runstore import atomic
 
 if TYPE_CHECKING:
     from training.policies.game_spec import GameSpec
@@ -58,18 +59,19 @@ def save(
     game: GameSpec | None = None,
     league: League | None = None,
 ) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"checkpoint_{meta.iteration:06d}"
-    algo.save_to_path(str(path.resolve()))
-    (path / META).write_text(json.dumps(asdict(meta)))
-    if game is not None:
-        (path / GAME).write_text(game.to_json())
-    if league is not None:
-        (path / LEAGUE).write_text(league.to_json())
-    # Write-then-rename: a crash never leaves `latest` naming half a checkpoint.
-    tmp = directory / f".{LATEST}.tmp"
-    tmp.write_text(path.name)
-    os.replace(tmp, directory / LATEST)
+    atomic.remove_leftovers(directory)  # of a save a lost pod or a full volume cut short
+    # Filled under a hidden name, then renamed: a checkpoint is whole or absent, and
+    # `latest` (renamed over last) never names one that is not whole.
+    with atomic.directory(path) as partial:
+        algo.save_to_path(str(partial.resolve()))
+        partial.mkdir(exist_ok=True)
+        (partial / META).write_text(json.dumps(asdict(meta)))
+        if game is not None:
+            (partial / GAME).write_text(game.to_json())
+        if league is not None:
+            (partial / LEAGUE).write_text(league.to_json())
+    atomic.write_text(directory / LATEST, path.name)
     return path
 
 

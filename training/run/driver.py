@@ -86,12 +86,22 @@ def run_training(
     *,
     stop: StopRequest | None = None,
     log: Log = print_line,
+    store: Callable[[], None] | None = None,
 ) -> TrainResult:
     """Train against `endpoints`; Ray is connected here and disconnected on return.
     Ray's and RLlib's own output goes to `<run_dir>/logs/ray.log` (and, with
-    `options.verbose`, to the console as Ray prints it)."""
-    with RayConsole(options.run_dir / RAY_LOG_NAME, verbose=options.verbose) as console:
-        return _run_training(endpoints, options, console, stop=stop, log=log)
+    `options.verbose`, to the console as Ray prints it). `store` is called after each
+    iteration's artefacts are written, and after the last ones."""
+    store = store or _nothing
+    try:
+        with RayConsole(options.run_dir / RAY_LOG_NAME, verbose=options.verbose) as console:
+            return _run_training(endpoints, options, console, stop=stop, log=log, store=store)
+    finally:
+        store()
+
+
+def _nothing() -> None:
+    pass
 
 
 def _run_training(
@@ -101,6 +111,7 @@ def _run_training(
     *,
     stop: StopRequest | None,
     log: Log,
+    store: Callable[[], None],
 ) -> TrainResult:
     import ray
 
@@ -163,7 +174,7 @@ def _run_training(
                 log=log,
                 events_path=options.run_dir / EVENTS_NAME,
             )
-            result = _loop(algo, options, stop, log, board, game, rescaler)
+            result = _loop(algo, options, stop, log, board, game, rescaler, store)
         finally:
             algo.stop()
     finally:
@@ -251,6 +262,7 @@ def _loop(
     board: RunnerHealthBoard,
     game: GameSpec | None = None,
     rescaler: Rescaler | None = None,
+    store: Callable[[], None] = _nothing,
 ) -> TrainResult:
     result = TrainResult()
     rows, previous = _resume(algo, options, log)
@@ -272,10 +284,13 @@ def _loop(
             previous = row.env_steps_total
             rows.append(row)
             log(metrics.progress_line(row))
+            # Each iteration's row is stored as it is made: a lost head keeps them all.
+            metrics.write_csv(options.run_dir / CSV_NAME, rows)
             tensorboard.write(row, train_result, board.fresh_reports())
             if row.iteration % options.checkpoint_every == 0:
                 result.checkpoint = _save(algo, options, row, game, league)
                 last_saved = row.iteration
+            store()
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
         result.checkpoint = _final_checkpoint(

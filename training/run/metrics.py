@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from training.runstore import atomic
 
 
 @dataclass(frozen=True)
@@ -107,12 +110,14 @@ _INTS = {
 
 
 def write_csv(path: Path, rows: list[IterationRow]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(asdict(row))
+    """Every row so far, replacing the file whole (written after every iteration, so a
+    lost pod leaves the rows up to its last iteration, never a cut line)."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=COLUMNS)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(asdict(row))
+    atomic.write_text(path, text.getvalue())
 
 
 def plot_learning_curve(path: Path, rows: list[IterationRow], *, title: str) -> None:

@@ -8,6 +8,7 @@ checkpoint).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from infra.endpoints import Endpoints
 from training.run.driver import TrainOptions, TrainResult, run_training
@@ -15,13 +16,19 @@ from training.run.stop import StopRequest
 
 
 def train_and_report(
-    endpoints: Endpoints, options: TrainOptions, *, stop: StopRequest, prog: str
+    endpoints: Endpoints,
+    options: TrainOptions,
+    *,
+    stop: StopRequest,
+    prog: str,
+    store: Callable[[], None] | None = None,
 ) -> int:
-    """Run the training code path; failures become one clear message and an exit code."""
+    """Run the training code path; failures become one clear message and an exit code.
+    `store`: called whenever the run wrote artefacts (a bucket's mirror uploads them)."""
     from training.run.failures import describe
 
     try:
-        result = run_training(endpoints, options, stop=stop)
+        result = run_training(endpoints, options, stop=stop, store=store)
     except KeyboardInterrupt:
         print(f"{prog}: aborted by {stop.signal_name or 'KeyboardInterrupt'}", file=sys.stderr)
         return 130

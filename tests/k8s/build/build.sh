@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes pieces that tests/k8s runs (control plane, datastore,
-# KWOK, the KubeRay operator, the Pulumi CLI, and the real node: kubelet,
-# kube-proxy, containerd, CNI plugins, CoreDNS, kube-router) from Go modules, into
+# KWOK, the KubeRay operator, the Pulumi CLI, the real node: kubelet, kube-proxy,
+# containerd, CNI plugins, CoreDNS, kube-router, and SeaweedFS, the object store of the
+# run storage tests) from Go modules, into
 # a cache outside the work tree:
 #
 #   ${UERL_K8S_CACHE:-$HOME/.cache/uerl-k8s}/<name>-<version>/bin/
@@ -15,7 +16,7 @@
 # Usage: tests/k8s/build/build.sh [--force] [PIECE...]
 #   PIECE: kubernetes kine kwok kuberay pulumi pulumi-language-python
 #          pulumi-kubernetes kubernetes-node containerd cni-plugins coredns
-#          kube-router (default: all)
+#          kube-router seaweedfs (default: all)
 #   --force: rebuild the named pieces even if they are cached
 #   --print-cache: print the cache directory and exit
 set -euo pipefail
@@ -30,7 +31,7 @@ CACHE=${UERL_K8S_CACHE:-$HOME/.cache/uerl-k8s}
 SHARED=${UERL_SHARED_DIR:-$(cd "$HERE/../../../.." && pwd)/shared}
 
 ALL_PIECES=(kubernetes kine kwok kuberay pulumi pulumi-language-python pulumi-kubernetes
-  kubernetes-node containerd cni-plugins coredns kube-router)
+  kubernetes-node containerd cni-plugins coredns kube-router seaweedfs)
 
 version_of() {
   case $1 in
@@ -46,6 +47,7 @@ version_of() {
     cni-plugins) echo "$CNI_PLUGINS_VERSION" ;;
     coredns) echo "$COREDNS_VERSION" ;;
     kube-router) echo "$KUBE_ROUTER_VERSION" ;;
+    seaweedfs) echo "$SEAWEEDFS_VERSION" ;;
     *) echo "unknown piece: $1" >&2; return 1 ;;
   esac
 }
@@ -156,6 +158,11 @@ build_kuberay() {
   require kuberay github.com/ray-project/kuberay/ray-operator "$KUBERAY_VERSION"
   wrapper_build kuberay "$1" "-s -w" github.com/ray-project/kuberay/ray-operator
   mv "$1/ray-operator" "$1/kuberay-operator"
+}
+
+build_seaweedfs() {
+  require seaweedfs github.com/seaweedfs/seaweedfs "$SEAWEEDFS_VERSION"
+  wrapper_build seaweedfs "$1" "-s -w" github.com/seaweedfs/seaweedfs/weed
 }
 
 build_pulumi() {

@@ -1,0 +1,183 @@
+"""Runs in an S3-compatible bucket, against a real object store (SeaweedFS, object_store.py):
+a bucket, credentials or endpoint the run cannot use is refused at start naming the
+field; a run is mirrored whole, checkpoint before pointer; a stored run comes back to
+resume; a store gone for 30 s delays storing but leaves no broken checkpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from controlplane import REPO, free_ports
+from object_store import ObjectStore
+from pyarrow import fs
+from run_fakes import SavingAlgo, meta
+
+from infra.endpoints import RunStorage
+from infra.topology import Topology
+from training.run import checkpoints, metrics
+from training.runstore.location import RunStorageError
+from training.runstore.s3_store import Mirror, S3Location, check, restore
+
+pytestmark = pytest.mark.k8s
+
+BUCKET = "runs"
+PREFIX = "uerl-runs"
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[ObjectStore]:
+    with ObjectStore(buckets=[BUCKET]) as running:
+        yield running
+
+
+@pytest.fixture
+def credentials(store: ObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in store.environment().items():
+        monkeypatch.setenv(name, value)
+
+
+def location(store: ObjectStore, bucket: str = BUCKET) -> S3Location:
+    return S3Location.of(runs(store, bucket))
+
+
+def runs(store: ObjectStore, bucket: str = BUCKET) -> RunStorage:
+    return RunStorage(
+        uri=f"s3://{bucket}/{PREFIX}", s3_endpoint=store.endpoint, s3_region="us-east-1"
+    )
+
+
+def stored_keys(store: ObjectStore, run_name: str) -> list[str]:
+    root = f"{BUCKET}/{PREFIX}/{run_name}"
+    infos = store.filesystem().get_file_info(fs.FileSelector(root, recursive=True))
+    return sorted(i.path[len(root) + 1 :] for i in infos if i.type == fs.FileType.File)
+
+
+def write_run(run_dir: Path, iterations: tuple[int, ...]) -> None:
+    rows = []
+    for iteration in iterations:
+        checkpoints.save(SavingAlgo(size=4096), run_dir / "checkpoints", meta(iteration))
+        rows.append(metrics.IterationRow(iteration, iteration * 100, 1, 1.0, 1.0, 0.0, 1.0, 1.0))
+    metrics.write_csv(run_dir / "metrics.csv", rows)
+
+
+def test_a_bucket_that_does_not_exist_is_refused_naming_the_field(
+    store: ObjectStore, credentials: None
+) -> None:
+    with pytest.raises(RunStorageError, match=r"^runs\.s3\.bucket: bucket 'no-such-runs'"):
+        check(location(store, "no-such-runs"), "r1")
+
+
+def test_wrong_credentials_are_refused_naming_the_secret(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", store.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(RunStorageError, match=r"^runs\.s3\.credentials_secret: .* refused"):
+        check(location(store), "r1")
+
+
+def test_an_unreachable_store_is_refused_in_seconds_naming_the_endpoint(
+    credentials: None,
+) -> None:
+    dead = RunStorage(
+        uri=f"s3://{BUCKET}/{PREFIX}", s3_endpoint=f"http://127.0.0.1:{free_ports(1)[0]}"
+    )
+    start = time.monotonic()
+    with pytest.raises(RunStorageError, match=r"^runs\.s3\.endpoint: .* cannot be reached"):
+        check(S3Location.of(dead), "r1")
+    assert time.monotonic() - start < 30
+
+
+def test_a_run_is_stored_whole_and_its_latest_checkpoint_read_back(
+    store: ObjectStore, credentials: None, tmp_path: Path
+) -> None:
+    write_run(tmp_path, (5, 10))
+    mirror = Mirror(location(store), "whole", tmp_path, log=print)
+    mirror.sync()
+    assert mirror.close(timeout_s=60)
+    assert stored_keys(store, "whole") == sorted(
+        p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()
+    )
+    assert stored_latest(store, "whole") == "checkpoint_000010"
+
+
+def test_a_stored_run_comes_back_with_its_latest_checkpoint_only(
+    store: ObjectStore, credentials: None, tmp_path: Path
+) -> None:
+    write_run(tmp_path / "first", (5, 10))
+    mirror = Mirror(location(store), "back", tmp_path / "first", log=print)
+    mirror.sync()
+    assert mirror.close(timeout_s=60)
+    lines: list[str] = []
+    assert restore(location(store), "back", tmp_path / "again", lines.append)
+    again = tmp_path / "again"
+    assert sorted(p.name for p in (again / "checkpoints").iterdir()) == [
+        "checkpoint_000010",
+        "latest",
+    ]
+    latest = checkpoints.resolve("latest", again / "checkpoints")
+    assert checkpoints.read_meta(latest).iteration == 10
+    assert [r.iteration for r in metrics.read_csv(again / "metrics.csv")] == [5, 10]
+    assert "checkpoint checkpoint_000010" in lines[0]
+
+
+def test_nothing_to_restore_of_a_run_never_stored(
+    store: ObjectStore, credentials: None, tmp_path: Path
+) -> None:
+    assert not restore(location(store), "never", tmp_path, print)
+
+
+def test_a_store_gone_for_30_seconds_delays_storing_and_leaves_no_broken_checkpoint(
+    store: ObjectStore, credentials: None, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    write_run(tmp_path, (5,))
+    mirror = Mirror(location(store), "outage", tmp_path, log=lines.append)
+    mirror.sync()
+    assert mirror.wait_idle(60)
+    outage = threading.Thread(target=store.pause, args=(30,))
+    outage.start()
+    time.sleep(1)
+    write_run(tmp_path, (5, 10))  # the training goes on: a checkpoint meanwhile
+    started = time.monotonic()
+    mirror.sync()  # returns at once: storing never holds up the caller
+    assert time.monotonic() - started < 0.5
+    outage.join()
+    assert any(line.startswith("run storage: cannot store") for line in lines), lines
+    # Back, and before the mirror caught up: `latest` names a whole checkpoint.
+    named = stored_latest(store, "outage")
+    assert f"checkpoints/{named}/uerl.json" in stored_keys(store, "outage")
+    assert mirror.close(timeout_s=120), lines
+    assert any(line.startswith("run storage: storing again after") for line in lines), lines
+    assert stored_latest(store, "outage") == "checkpoint_000010"
+
+
+def stored_latest(store: ObjectStore, run_name: str) -> str:
+    path = f"{BUCKET}/{PREFIX}/{run_name}/checkpoints/latest"
+    with store.filesystem().open_input_stream(path) as stream:
+        return stream.read().decode()
+
+
+def test_uerl_train_refuses_a_missing_bucket_before_anything_starts(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    endpoints = Topology().endpoints().model_copy(update={"runs": runs(store, "no-such-runs")})
+    path = tmp_path / "endpoints.json"
+    path.write_text(endpoints.to_json())
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "training.cli", "train", "--endpoints", str(path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, **store.environment()},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "uerl train: runs.s3.bucket: bucket 'no-such-runs' does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - start < 60

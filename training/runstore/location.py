@@ -1,0 +1,53 @@
+"""A run's place in the stack's run storage: `<endpoints.runs.uri>/<run name>`.
+
+On a cluster the endpoints name the runs claim as the head mounts it (`file:///uerl/runs`)
+or a bucket (`s3://...`), so `uerl train` there needs no path flag; `uerl local` keeps
+`runs/` on the local disk.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+# A run name is one path segment (a directory, an object key part): no `/`, no `..`.
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# Below this much free space the run storage is refused at start: a checkpoint of the
+# default models is a few MB, and a full volume mid-run would cost the run its progress.
+MIN_FREE_BYTES = 64 * 2**20
+FIELD = "endpoints runs.uri (topology runs)"
+
+
+class RunStorageError(ValueError):
+    """The run storage cannot take a run; the message names the field at fault."""
+
+
+def check_run_name(name: str) -> str:
+    if not RUN_NAME.match(name):
+        raise RunStorageError(
+            f"--run-name {name!r}: a run name is 1 to 100 letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def default_run_name(cluster_name: str) -> str:
+    return f"{cluster_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def check_room(root: Path) -> None:
+    """The run storage is there and has room; else a RunStorageError naming it."""
+    if not root.is_dir():
+        raise RunStorageError(
+            f"{FIELD}: {root} is not mounted here (no such directory): is this the Ray head "
+            "of the stack? Elsewhere pass --run-dir"
+        )
+    free = shutil.disk_usage(root).free
+    if free < MIN_FREE_BYTES:
+        raise RunStorageError(
+            f"{FIELD}: {root} has {free / 2**20:.1f} MiB free, under the "
+            f"{MIN_FREE_BYTES // 2**20} MiB a run needs to start: the volume is full "
+            "(free space, or give runs.claim.size more)"
+        )
