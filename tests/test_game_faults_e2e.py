@@ -229,7 +229,12 @@ def test_no_game_answering_for_the_limit_stops_training_naming_every_game(
     assert code == 1, output
     assert "gave up: no game has answered for" in output
     assert f"127.0.0.1:{run.ports['ue-1']}" in output and f"127.0.0.1:{run.ports['ue-2']}" in output
-    # The limit, then at most one iteration's sample timeout, then the final checkpoint.
-    assert gave_up_after < 6 + 10 + 30, gave_up_after
+    # The driver decides on the games' own down time: past the limit, and within about one
+    # iteration's sample timeout of it (two, for a report that lands just before the limit).
+    reported = re.search(r"no game has answered for (\d+) s", output)
+    assert reported is not None and 6 <= int(reported.group(1)) < 6 + 2 * 10, output
+    # Then the final checkpoint and Ray's shutdown, at the machine's pace: CI's run beside the
+    # Kubernetes tier took 46 s in all, so this bound only tells a stop from a hang.
+    assert gave_up_after < 120, gave_up_after
     assert (tmp_path / "checkpoints" / "latest").exists()
     assert processes.alive(sampler.pids - {run.proc.pid}) == set()

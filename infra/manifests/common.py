@@ -32,6 +32,31 @@ def metadata(
     return meta
 
 
+def claim(
+    topology: Topology,
+    object_name: str,
+    *,
+    name: str,
+    component: str,
+    access_mode: str,
+    size: str,
+    storage_class: str | None,
+) -> K8sObject:
+    """A PersistentVolumeClaim; no storage class means the cluster's default."""
+    spec: dict[str, Any] = {
+        "accessModes": [access_mode],
+        "resources": {"requests": {"storage": size}},
+    }
+    if storage_class is not None:
+        spec["storageClassName"] = storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(topology, object_name, name=name, component=component),
+        "spec": spec,
+    }
+
+
 def cpu_quantity(cpus: float) -> str:
     """2 -> "2", 1.5 -> "1500m" (Kubernetes canonical forms; Ray rounds up)."""
     if float(cpus).is_integer():

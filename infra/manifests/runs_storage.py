@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.manifests.common import K8sObject, metadata
+from infra.manifests.common import K8sObject, claim
 from infra.topology import RUNS_MOUNT_PATH, S3_SECRET_KEYS, Topology
 
 VOLUME_NAME = "uerl-runs"
@@ -22,18 +22,15 @@ def pvc(topology: Topology) -> K8sObject | None:
     spec = topology.runs.claim
     if name is None or spec.existing_claim is not None:
         return None
-    pvc_spec: dict[str, Any] = {
-        "accessModes": [spec.access_mode],
-        "resources": {"requests": {"storage": spec.size}},
-    }
-    if spec.storage_class is not None:
-        pvc_spec["storageClassName"] = spec.storage_class
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": metadata(topology, name, name=VOLUME_NAME, component=COMPONENT),
-        "spec": pvc_spec,
-    }
+    return claim(
+        topology,
+        name,
+        name=VOLUME_NAME,
+        component=COMPONENT,
+        access_mode=spec.access_mode,
+        size=spec.size,
+        storage_class=spec.storage_class,
+    )
 
 
 def add_to_head(topology: Topology, pod_spec: dict[str, Any], container: dict[str, Any]) -> None:

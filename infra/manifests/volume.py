@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from infra.manifests import placement, pod_security
-from infra.manifests.common import K8sObject, await_annotations, metadata
+from infra.manifests.common import K8sObject, await_annotations, claim, metadata
 from infra.topology import Topology
 
 VOLUME_NAME = "ue-executables"
@@ -29,18 +29,15 @@ def pvc(topology: Topology) -> K8sObject | None:
     spec = topology.executables
     if not topology.uses_executables or spec.existing_claim is not None:
         return None
-    pvc_spec: dict[str, Any] = {
-        "accessModes": [spec.access_mode],
-        "resources": {"requests": {"storage": spec.size}},
-    }
-    if spec.storage_class is not None:
-        pvc_spec["storageClassName"] = spec.storage_class
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": metadata(topology, topology.claim_name, name=VOLUME_NAME, component=COMPONENT),
-        "spec": pvc_spec,
-    }
+    return claim(
+        topology,
+        topology.claim_name,
+        name=VOLUME_NAME,
+        component=COMPONENT,
+        access_mode=spec.access_mode,
+        size=spec.size,
+        storage_class=spec.storage_class,
+    )
 
 
 def pod_volume(topology: Topology, *, read_only: bool = True) -> dict[str, Any]:
