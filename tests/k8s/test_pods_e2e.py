@@ -7,9 +7,9 @@ kube-proxy, CoreDNS, kube-router) and the project's images (images/build.py) imp
 into it. The real Pulumi CLI, language host and Kubernetes provider run uerl's program;
 the KubeRay operator runs from its chart's Deployment. Training is what a user runs:
 `ray job submit` through `kubectl port-forward` to the head's dashboard, `uerl train`
-reading `/etc/uerl/endpoints.json`, `kubectl cp` of the checkpoint and `uerl export` on
-this machine; then `uerl submit` from this machine (its own port-forward through the
-Kubernetes API), to the job's end and with Ctrl-C. The tests run in file order and share
+reading `/etc/uerl/endpoints.json` and storing the run on the runs claim, `uerl runs list`
+and `pull` of it and `uerl export` on this machine; then `uerl submit` from this machine
+(its own port-forward through the Kubernetes API), to the job's end and with Ctrl-C. The tests run in file order and share
 the `dev` stack: each stage is a module fixture, each test checks one thing of what it
 left.
 """
@@ -58,7 +58,9 @@ from infra.topology import JOB_STOP_GRACE_S
 
 pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(3600)]
 
-RUN_DIR = "/home/ray/runs/pods"  # on the head, where the job runs
+# Stored on the stack's runs claim (`topology.runs`, mounted on the head at /uerl/runs):
+# `uerl train --run-name` with no path flag, as a user runs it.
+RUN_NAME = "pods"
 # The driver's per-game lines: a runner's game failed, then answered again.
 RUNNER_FAULT = re.compile(r"game of env runner \d+ \(.*\) failed")
 RUNNER_BACK = re.compile(r"game of env runner \d+ \(.*\) is back")
@@ -286,7 +288,7 @@ def sidecar_run(
 ) -> SidecarRun:
     cp = node_control_plane
     run = SidecarRun()
-    jobs.submit(SIDECAR_JOB, ["uerl", "train", "--run-dir", RUN_DIR, "--iterations", "1000",
+    jobs.submit(SIDECAR_JOB, ["uerl", "train", "--run-name", RUN_NAME, "--iterations", "1000",
                               *TRAIN_ARGS])  # fmt: skip
     log = jobs.wait_for(SIDECAR_JOB, lambda log: bool(progress(log)), "the first iteration", 600)
     figures["up_to_first_iteration_s"] = round(time.monotonic() - dev_stack.started, 1)
@@ -411,15 +413,33 @@ def test_a_stopped_job_ends_on_its_own_before_rays_sigkill(sidecar_run: SidecarR
     assert sidecar_run.stop_s < JOB_STOP_GRACE_S, sidecar_run.stop_s
 
 
-def test_the_checkpoint_is_fetched_and_exported_on_this_machine(
-    node_control_plane: ControlPlane, sidecar_run: SidecarRun, tmp_path: Path
+def test_the_stored_run_is_listed_pulled_and_exported_on_this_machine(
+    node_control_plane: ControlPlane,
+    sidecar_run: SidecarRun,
+    submit_endpoints: Path,
+    tmp_path: Path,
 ) -> None:
-    cp = node_control_plane
-    local = tmp_path / "checkpoints"
-    cp.kubectl("cp", "-c", "ray-head", f"{NAMESPACE}/{head_pod(cp)}:{RUN_DIR}/checkpoints",
-               str(local), timeout_s=300)  # fmt: skip
+    # As a user does it: `uerl runs` on the stack's endpoints, through the API (no kubectl).
+    kube = ("--endpoints", str(submit_endpoints), "--kubeconfig",
+            str(node_control_plane.kubeconfig))  # fmt: skip
     last = progress(sidecar_run.logs["end"])[-1].iteration
+    listed = subprocess.run([str(UERL), "runs", "list", *kube],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    print(listed.stdout, listed.stderr)
+    assert listed.returncode == 0, listed.stderr
+    row = next(line.split() for line in listed.stdout.splitlines() if line.startswith(RUN_NAME))
+    assert row[1:3] == [f"checkpoint_{last:06d}", str(last)], listed.stdout
+    pulled = subprocess.run([str(UERL), "runs", "pull", RUN_NAME, *kube, "--latest",
+                             "--to", str(tmp_path)], capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    print(pulled.stderr)
+    assert pulled.returncode == 0, pulled.stderr
+    run = tmp_path / RUN_NAME
+    local = run / "checkpoints"
     assert (local / "latest").read_text() == f"checkpoint_{last:06d}"
+    # The run's record came with it: a row per iteration, once each.
+    rows = (run / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, last + 1)), rows
     done = subprocess.run([str(UERL), "export", "--checkpoint", str(local)],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     print(done.stdout)

@@ -181,3 +181,73 @@ def test_uerl_train_refuses_a_missing_bucket_before_anything_starts(
     assert "uerl train: runs.s3.bucket: bucket 'no-such-runs' does not exist" in result.stderr
     assert "Traceback" not in result.stderr
     assert time.monotonic() - start < 60
+
+
+# ---- `uerl runs` on a bucket: listed and pulled from this machine ---------------------
+
+
+def _endpoints_file(store: ObjectStore, tmp_path: Path, bucket: str = BUCKET) -> Path:
+    endpoints = Topology().endpoints().model_copy(update={"runs": runs(store, bucket)})
+    path = tmp_path / "endpoints.json"
+    path.write_text(endpoints.to_json())
+    return path
+
+
+def _uerl_runs(store: ObjectStore, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "training.cli", "runs", *argv],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, **store.environment()},
+    )  # fmt: skip
+
+
+def test_uerl_runs_lists_a_buckets_runs_with_their_latest_checkpoint(
+    store: ObjectStore, credentials: None, tmp_path: Path
+) -> None:
+    write_run(tmp_path / "run", (3, 6))
+    mirror = Mirror(location(store), "listed", tmp_path / "run", log=print)
+    mirror.sync()
+    assert mirror.close(timeout_s=60)
+    result = _uerl_runs(store, "list", "--endpoints", str(_endpoints_file(store, tmp_path)))
+    assert result.returncode == 0, result.stderr
+    row = next(line.split() for line in result.stdout.splitlines() if line.startswith("listed "))
+    assert row[1:4] == ["checkpoint_000006", "6", "600"], result.stdout
+    assert f"in s3://{BUCKET}/{PREFIX}" in result.stderr
+
+
+def test_uerl_runs_pulls_a_buckets_run_whole_or_its_latest_checkpoint(
+    store: ObjectStore, credentials: None, tmp_path: Path
+) -> None:
+    write_run(tmp_path / "run", (3, 6))
+    mirror = Mirror(location(store), "pulled", tmp_path / "run", log=print)
+    mirror.sync()
+    assert mirror.close(timeout_s=60)
+    endpoints = str(_endpoints_file(store, tmp_path))
+    whole = _uerl_runs(store, "pull", "pulled", "--endpoints", endpoints, "--to", f"{tmp_path}/a")
+    assert whole.returncode == 0, whole.stderr
+    assert tree(tmp_path / "a" / "pulled") == tree(tmp_path / "run")
+    assert "pulled pulled (checkpoint checkpoint_000006)" in whole.stderr
+    latest = _uerl_runs(
+        store, "pull", "pulled", "--endpoints", endpoints, "--latest", "--to", f"{tmp_path}/b"
+    )
+    assert latest.returncode == 0, latest.stderr
+    pulled = tmp_path / "b" / "pulled" / "checkpoints"
+    assert sorted(p.name for p in pulled.iterdir()) == ["checkpoint_000006", "latest"]
+    assert checkpoints.read_meta(checkpoints.resolve("latest", pulled)).iteration == 6
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in directory.rglob("*")
+        if p.is_file()
+    }
+
+
+def test_uerl_runs_names_the_bucket_that_does_not_exist(store: ObjectStore, tmp_path: Path) -> None:
+    path = _endpoints_file(store, tmp_path, "no-such-runs")
+    result = _uerl_runs(store, "list", "--endpoints", str(path))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("uerl runs: runs.s3.bucket: bucket 'no-such-runs'"), (
+        result.stderr
+    )

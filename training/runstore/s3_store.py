@@ -25,11 +25,9 @@ from urllib.parse import urlsplit
 
 from infra.endpoints import RunStorage
 from training.runstore.atomic import PARTIAL_PREFIX
+from training.runstore.listing import CHECKPOINTS, LATEST, META, wanted
 from training.runstore.location import FIELD, RunStorageError
 
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-META = "uerl.json"  # training.run.checkpoints.META: a checkpoint is whole once it is there
 # Per request (the request timeout is the longest silence within one): a store that does
 # not answer is reported and retried by the mirror within seconds, not waited on.
 CONNECT_TIMEOUT_S = 5.0
@@ -142,15 +140,12 @@ def restore(location: S3Location, run_name: str, local: Path, log: Log) -> bool:
         return False
     except OSError as exc:
         raise RunStorageError(explain(exc, location)) from None
-    wanted = f"{CHECKPOINTS}/{latest}/"
     count = size = 0
     for info in s3.get_file_info(fs.FileSelector(root, recursive=True)):
         if info.type != fs.FileType.File:
             continue
         relative = info.path[len(root) + 1 :]
-        if relative.startswith(f"{CHECKPOINTS}/") and not (
-            relative.startswith(wanted) or relative == f"{CHECKPOINTS}/{LATEST}"
-        ):
+        if not wanted(relative, latest, latest_only=True):
             continue
         target = local / relative
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,234 @@
+"""`uerl runs`: a stack's stored runs from this machine, no kubectl.
+
+    uerl runs list [--stack NAME | --endpoints FILE | --dir DIR] [--json]
+    uerl runs pull RUN [--stack NAME | --endpoints FILE] [--to DIR] [--latest] [--replace]
+    uerl runs pack RUN --dir DIR [--latest]
+
+`list` and `pull` read the stack's run storage (endpoints `runs`): the runs claim through
+the Ray head pod (an exec by the Kubernetes API; --kubeconfig, --context as for
+`uerl submit`), or the bucket directly with this machine's AWS credentials. `pull`
+brings a run (or with --latest only its latest checkpoint, with its curves, metrics,
+events and logs) to `<--to>/<RUN>`, whole or not at all; `uerl export --checkpoint
+<--to>/<RUN>/checkpoints` and `uerl eval` take it from there, and TensorBoard reads its
+events. `list --dir` and `pack` read a directory on the machine they run on: the head
+runs them for `list` and `pull` of a claim (`pack` writes a tar to standard output).
+Bad input exits 2, a cluster or store it cannot use 1, each with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+PROG = "uerl runs"
+
+
+def _source(parser: argparse.ArgumentParser, *, local: bool) -> None:
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="the stack whose runs to read: `pulumi stack output endpoints --json --stack "
+        "NAME` (in the current directory, the Pulumi project)",
+    )
+    group.add_argument(
+        "--endpoints",
+        metavar="FILE",
+        type=Path,
+        help="the stack's endpoints: `pulumi stack output endpoints --json > FILE`",
+    )
+    if local:
+        group.add_argument(
+            "--dir", metavar="DIR", type=Path, help="the runs in a directory on this machine"
+        )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        type=Path,
+        help="kubeconfig file, for a runs claim (default: $KUBECONFIG, else ~/.kube/config)",
+    )
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="List a stack's stored runs and pull one to this machine, from its runs "
+        "claim (through the Ray head pod) or its bucket; no kubectl.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="list|pull|pack")
+    listing = commands.add_parser("list", help="the stored runs, oldest first")
+    _source(listing, local=True)
+    listing.add_argument("--json", action="store_true", help="print JSON, a list of runs")
+    pull = commands.add_parser("pull", help="bring a run to this machine")
+    pull.add_argument("run", metavar="RUN", help="the run's name (`uerl runs list`)")
+    _source(pull, local=False)
+    pull.add_argument(
+        "--to",
+        metavar="DIR",
+        type=Path,
+        default=Path("runs"),
+        help="where the run goes, as DIR/RUN (default: runs)",
+    )
+    pull.add_argument(
+        "--latest",
+        action="store_true",
+        help="only the latest checkpoint of the run's checkpoints (and all else it wrote)",
+    )
+    pull.add_argument("--replace", action="store_true", help="replace an earlier pull of RUN")
+    pack = commands.add_parser(
+        "pack", help="(for `uerl runs` on the Ray head) a run under --dir as a tar on stdout"
+    )
+    pack.add_argument("run", metavar="RUN")
+    pack.add_argument("--dir", metavar="DIR", type=Path, required=True)
+    pack.add_argument("--latest", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    from training.runstore.location import RunStorageError
+    from training.submit.submit_error import BAD_INPUT, SubmitError
+
+    try:
+        if args.command == "pack":
+            return _pack(args)
+        if args.command == "list":
+            return _list(args)
+        return _pull(args)
+    except SubmitError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except RunStorageError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        # A field or argument named first is the user's to mend; else the store failed.
+        return BAD_INPUT if str(exc).startswith(("--", "RUN ", "runs.", "endpoints")) else 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from training.runstore import listing
+
+    try:
+        latest, files = listing.plan(args.dir, args.run, latest_only=args.latest)
+    except FileNotFoundError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    listing.pack(args.dir, args.run, latest, files, sys.stdout.buffer)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def _store(args: argparse.Namespace) -> Any:
+    """The stack's run storage reader: ClaimRuns or BucketRuns."""
+    from training.submit import stack_endpoints
+    from training.submit.submit_error import BAD_INPUT, SubmitError
+
+    if args.endpoints is not None:
+        endpoints = stack_endpoints.endpoints_from_file(args.endpoints)
+    else:
+        endpoints = stack_endpoints.endpoints_from_stack(args.stack)
+    if endpoints.runs is None:
+        raise SubmitError(
+            "the endpoints name no run storage (`runs`): the stack predates it; "
+            "`pulumi up` with this uerl adds it",
+            BAD_INPUT,
+        )
+    if endpoints.runs.uri.startswith("s3://"):
+        from training.runs.bucket_reader import BucketRuns
+
+        return BucketRuns(endpoints.runs)
+    from training.runs.claim_reader import ClaimRuns
+    from training.submit.head import kube_api_client
+
+    return ClaimRuns.on_cluster(endpoints, kube_api_client(args.kubeconfig, args.context))
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) if seconds else "-"
+
+
+def table(runs: list[Any]) -> str:
+    from training.runs.transfer import mib
+
+    header = ("run", "checkpoint", "iteration", "env steps", "updated (UTC)", "size")
+    rows = [
+        (
+            run.name,
+            run.checkpoint or "-",
+            "-" if run.iteration is None else str(run.iteration),
+            "-" if run.env_steps is None else str(run.env_steps),
+            _when(run.updated),
+            mib(run.size),
+        )
+        for run in runs
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    right = {2, 3, 5}
+    return "\n".join(
+        "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def _list(args: argparse.Namespace) -> int:
+    if args.dir is not None:
+        from training.runstore.listing import list_runs
+
+        runs, where = list_runs(args.dir), str(args.dir)
+    else:
+        store = _store(args)
+        runs = store.list()
+        where = store.where
+    if args.json:
+        print(json.dumps([run.to_json() for run in runs]))
+        return 0
+    if runs:
+        print(table(runs))
+    print(f"{len(runs)} run(s) in {where}", file=sys.stderr)
+    return 0
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from training.runs.transfer import free_bytes, into_place, mib
+    from training.runstore.location import RUN_NAME, RunStorageError
+
+    if not RUN_NAME.match(args.run):
+        raise RunStorageError(
+            f"RUN {args.run!r}: a run name is one path segment of letters, digits, '.', '_' "
+            "and '-' (`uerl runs list` shows them)"
+        )
+    store = _store(args)
+    runs = {run.name: run for run in store.list()}
+    if args.run not in runs:
+        known = ", ".join(sorted(runs)) or "none"
+        raise RunStorageError(f"RUN {args.run!r}: no such run in {store.where} (runs: {known})")
+    summary = runs[args.run]
+    total = None if args.latest else summary.size
+    if total is not None and free_bytes(args.to) < total:
+        raise RunStorageError(
+            f"--to {args.to}: {mib(free_bytes(args.to))} free, the run is {mib(total)}"
+        )
+    target = into_place(
+        args.to,
+        args.run,
+        replace=args.replace,
+        fill=lambda into: store.pull(args.run, into, latest_only=args.latest, total=total),
+    )
+    pointer = target / "checkpoints" / "latest"
+    latest = pointer.read_text().strip() if pointer.is_file() else None
+    checkpoint = f" (checkpoint {latest})" if latest else ""
+    print(f"{PROG}: pulled {args.run}{checkpoint} from {store.where} to {target}", file=sys.stderr)
+    if latest:
+        print(f"{PROG}: next: uerl export --checkpoint {target / 'checkpoints'}", file=sys.stderr)
+    return 0

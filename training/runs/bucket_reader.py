@@ -1,0 +1,118 @@
+"""The runs in the stack's bucket (endpoints `runs.uri` s3://...), read from this
+machine with its own credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or a
+profile: pyarrow's S3 client reads them as every AWS client does)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from infra.endpoints import RunStorage
+from training.runs.transfer import Progress
+from training.runstore.listing import (
+    CHECKPOINTS,
+    LATEST,
+    META,
+    RunSummary,
+    hidden,
+    read_checkpoint_meta,
+    wanted,
+)
+from training.runstore.location import RunStorageError
+from training.runstore.s3_store import S3Location, explain
+
+CHUNK = 1 << 20
+
+
+class BucketRuns:
+    def __init__(self, runs: RunStorage) -> None:
+        self.location = S3Location.of(runs)
+
+    @property
+    def where(self) -> str:
+        return self.location.uri()
+
+    def _fs(self) -> Any:
+        return self.location.filesystem()
+
+    def _read(self, s3: Any, *parts: str) -> str | None:
+        try:
+            with s3.open_input_stream(self.location.key(*parts)) as stream:
+                return str(stream.read().decode().strip())
+        except FileNotFoundError:
+            return None
+
+    def _files(self, s3: Any, name: str) -> Iterator[tuple[str, Any]]:
+        from pyarrow import fs
+
+        root = self.location.key(name)
+        for info in s3.get_file_info(fs.FileSelector(root, recursive=True)):
+            if info.type == fs.FileType.File:
+                relative = info.path[len(root) + 1 :]
+                if not hidden(relative):
+                    yield relative, info
+
+    def list(self) -> list[RunSummary]:
+        from pyarrow import fs
+
+        try:
+            s3 = self._fs()
+            if s3.get_file_info(self.location.bucket).type == fs.FileType.NotFound:
+                where = self.location.endpoint or "AWS S3"
+                raise RunStorageError(
+                    f"runs.s3.bucket: bucket {self.location.bucket!r} does not exist at {where}"
+                )
+            entries = s3.get_file_info(fs.FileSelector(self.location.key(), allow_not_found=True))
+            runs = []
+            for entry in entries:
+                name = entry.base_name
+                if entry.type != fs.FileType.Directory or name.startswith("."):
+                    continue
+                runs.append(self._summary(s3, name))
+        except OSError as exc:
+            raise RunStorageError(explain(exc, self.location)) from None
+        return sorted(runs, key=lambda run: (run.updated, run.name))
+
+    def _summary(self, s3: Any, name: str) -> RunSummary:
+        latest = self._read(s3, name, CHECKPOINTS, LATEST) or None
+        iteration = env_steps = None
+        if latest is not None:
+            meta = self._read(s3, name, CHECKPOINTS, latest, META)
+            if meta is not None:
+                iteration, env_steps = read_checkpoint_meta(meta)
+        updated, size = 0.0, 0
+        for _, info in self._files(s3, name):
+            size += info.size or 0
+            if info.mtime is not None:
+                updated = max(updated, info.mtime.timestamp())
+        return RunSummary(name, latest, iteration, env_steps, updated, size)
+
+    def pull(self, name: str, into: Path, *, latest_only: bool, total: int | None) -> float:
+        """Run `name` copied into the directory `into`; the seconds it took. The
+        pointer `checkpoints/latest` is read first and written last, as it was read."""
+        progress = Progress(f"pulling {name}", total)
+        try:
+            s3 = self._fs()
+            latest = self._read(s3, name, CHECKPOINTS, LATEST) or None
+            pointer = f"{CHECKPOINTS}/{LATEST}"
+            for relative, _ in self._files(s3, name):
+                if relative == pointer or not wanted(relative, latest, latest_only=latest_only):
+                    continue
+                target = into / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    key = self.location.key(name, relative)
+                    with s3.open_input_stream(key) as source, target.open("wb") as out:
+                        while chunk := source.read(CHUNK):
+                            out.write(chunk)
+                            progress.add(len(chunk))
+                except FileNotFoundError:  # pruned since it was listed
+                    continue
+        except OSError as exc:
+            if exc.errno is not None:  # this machine's disk (full, not writable), not the store
+                raise RunStorageError(f"--to: {exc}") from None
+            raise RunStorageError(explain(exc, self.location)) from None
+        if latest is not None:
+            (into / pointer).write_text(latest)
+        return progress.finish()

@@ -1,0 +1,221 @@
+"""The runs claim, read through the Ray head pod: the claim is mounted there only, so
+`uerl runs list|pack --dir` run in the head's Ray container (an exec through the
+Kubernetes API, as `kubectl exec` does) and their output comes back over its websocket.
+The head's image is the one `uerl train` runs in, so it has `uerl`.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from infra.endpoints import Endpoints
+from training.runs.transfer import Progress, extract_run
+from training.runstore.listing import RunSummary
+from training.runstore.location import RunStorageError
+from training.submit.head import API_TIMEOUT_S, HeadFinder, api_failure, kube_pod_lister
+from training.submit.submit_error import CLUSTER_UNUSABLE, SubmitError
+
+# The Kubernetes exec protocol's channels (stdout, stderr, and the status at the end).
+STDOUT, STDERR, STATUS = 1, 2, 3
+# The longest silence of a pack in progress: the pod reads files and sends as it goes.
+SILENCE_S = 120.0
+
+# (pod, command) -> a running exec in the pod's Ray container, as kubernetes.stream
+# returns it (is_open, update, read_channel, close).
+Exec = Callable[[str, list[str]], Any]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    code: int
+    stderr: str
+
+
+def claim_root(endpoints: Endpoints) -> str:
+    assert endpoints.runs is not None and endpoints.runs.uri.startswith("file://")
+    return urlsplit(endpoints.runs.uri).path
+
+
+def exit_code(status: bytes) -> int:
+    """The exec's end from its status channel (a Status object): 0, the command's exit
+    code, or 126 when it never ran (no such executable)."""
+    try:
+        parsed = json.loads(status or b"{}")
+    except ValueError:
+        return 126
+    if parsed.get("status") == "Success":
+        return 0
+    for cause in (parsed.get("details") or {}).get("causes") or []:
+        if cause.get("reason") == "ExitCode":
+            return int(cause.get("message", 1))
+    return 126
+
+
+def pump(response: Any, on_stdout: Callable[[bytes], None]) -> ExecResult:
+    """Reads an exec to its end: stdout to `on_stdout` as it arrives, stderr kept; a
+    silence of SILENCE_S is an error (a pod gone mid-way can stall, not close)."""
+    stderr = b""
+    status = b""
+    last = time.monotonic()
+    while response.is_open():
+        response.update(timeout=1.0)
+        out = response.read_channel(STDOUT)
+        err = response.read_channel(STDERR)
+        status += response.read_channel(STATUS)
+        if out or err:
+            last = time.monotonic()
+        if out:
+            on_stdout(bytes(out))
+        stderr += bytes(err)
+        if time.monotonic() - last > SILENCE_S:
+            response.close()
+            raise SubmitError(
+                f"the Ray head pod sent nothing for {SILENCE_S:.0f} s", CLUSTER_UNUSABLE
+            )
+    # What arrived with the close.
+    out = response.read_channel(STDOUT)
+    if out:
+        on_stdout(bytes(out))
+    stderr += bytes(response.read_channel(STDERR))
+    status += response.read_channel(STATUS)
+    return ExecResult(exit_code(status), stderr.decode("utf-8", "replace"))
+
+
+class ClaimRuns:
+    """The runs on the stack's runs claim (endpoints `runs.uri` file:///...)."""
+
+    def __init__(self, endpoints: Endpoints, head: HeadFinder, exec_: Exec) -> None:
+        self.root = claim_root(endpoints)
+        self.head = head
+        self._exec = exec_
+
+    @classmethod
+    def on_cluster(cls, endpoints: Endpoints, api_client: Any) -> ClaimRuns:
+        head = HeadFinder(endpoints, kube_pod_lister(api_client))
+        return cls(endpoints, head, kube_exec(api_client, endpoints.namespace))
+
+    @property
+    def where(self) -> str:
+        return f"file://{self.root} (the runs claim, on the Ray head pod {self.head.current})"
+
+    def list(self) -> list[RunSummary]:
+        out = bytearray()
+        result = self._run(["uerl", "runs", "list", "--dir", self.root, "--json"], out.extend)
+        self._check(result, "listing the runs")
+        try:
+            return [RunSummary.from_json(item) for item in json.loads(bytes(out))]
+        except (ValueError, TypeError) as exc:
+            raise SubmitError(
+                f"`uerl runs list` on the Ray head answered no run list: {exc}", CLUSTER_UNUSABLE
+            ) from None
+
+    def pull(self, name: str, into: Path, *, latest_only: bool, total: int | None) -> float:
+        """Run `name` unpacked into the directory `into` as it arrives; the seconds it
+        took. `total`: the bytes expected, for the progress line (None: unknown)."""
+        command = ["uerl", "runs", "pack", name, "--dir", self.root]
+        if latest_only:
+            command.append("--latest")
+        progress = Progress(f"pulling {name}", total)
+        chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        unpacking = threading.Event()
+        unpacking.set()
+        ended: list[ExecResult | BaseException] = []
+
+        def receive() -> None:
+            def take(data: bytes) -> None:
+                if unpacking.is_set():  # after a failed unpack, the rest is dropped
+                    chunks.put(data)
+
+            try:
+                ended.append(self._run(command, take))
+            except BaseException as exc:  # said by the caller's thread
+                ended.append(exc)
+            finally:
+                chunks.put(None)
+
+        receiver = threading.Thread(target=receive, name="uerl-runs-pull", daemon=True)
+        receiver.start()
+        try:
+            extract_run(iter(chunks.get, None), name, into, progress)
+        except BaseException as exc:
+            unpacking.clear()  # the receiver drops the rest (a full disk, Ctrl-C, ...)
+            if isinstance(exc, (tarfile.TarError, RunStorageError)):
+                # A stream cut short: the exec's own failure says why.
+                receiver.join()
+                self._raise_if_failed(ended[0], f"pulling run {name!r}")
+            raise
+        receiver.join()
+        self._raise_if_failed(ended[0], f"pulling run {name!r}")
+        return progress.finish()
+
+    def _raise_if_failed(self, ended: ExecResult | BaseException, doing: str) -> None:
+        if isinstance(ended, BaseException):
+            raise ended
+        self._check(ended, doing)
+
+    # ---- the exec ------------------------------------------------------------------
+
+    def _run(self, command: list[str], on_stdout: Callable[[bytes], None]) -> ExecResult:
+        return pump(self._start(command), on_stdout)
+
+    def _start(self, command: list[str]) -> Any:
+        return self._exec(self.head.find(), command)
+
+    def _check(self, result: ExecResult, doing: str) -> None:
+        if result.code == 0:
+            return
+        said = [line for line in result.stderr.splitlines() if line.strip()]
+        if result.code == 126 and not said:
+            raise SubmitError(
+                f"{doing}: the Ray head pod {self.head.current} cannot run `uerl` (is its "
+                "image the one `uerl train` runs in?)",
+                CLUSTER_UNUSABLE,
+            )
+        reason = said[-1] if said else f"exit status {result.code}"
+        raise RunStorageError(f"{doing} on the Ray head pod {self.head.current}: {reason}")
+
+
+def kube_exec(api_client: Any, namespace: str) -> Exec:
+    """Exec on the cluster, in the pod's Ray container: KubeRay's convention is that it
+    is the pod's first."""
+    from kubernetes.client import CoreV1Api
+    from kubernetes.stream import stream
+
+    core = CoreV1Api(api_client)
+
+    def exec_(pod: str, command: list[str]) -> Any:
+        try:
+            found = core.read_namespaced_pod(pod, namespace, _request_timeout=API_TIMEOUT_S)
+        except Exception as exc:  # ApiException, urllib3's errors
+            raise SubmitError(api_failure(api_client, exc), CLUSTER_UNUSABLE) from None
+        try:
+            return stream(
+                core.connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                container=found.spec.containers[0].name,
+                command=command,
+                stdin=False,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                binary=True,
+                capture_all=False,  # else every byte is kept in memory too
+                _preload_content=False,
+            )
+        except Exception as exc:  # ApiException(status=0): the handshake failed
+            raise SubmitError(
+                f"exec in the Ray head pod {pod}: {api_failure(api_client, exc)}",
+                CLUSTER_UNUSABLE,
+            ) from None
+
+    return exec_

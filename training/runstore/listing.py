@@ -1,0 +1,162 @@
+"""What a run storage holds, read where the files are: the runs under a directory
+summarized, and one run packed as a tar stream (whole, or its latest checkpoint with
+everything else the run wrote: curves, metrics, events, logs).
+
+On a cluster the runs claim is mounted only on the Ray head, so `uerl runs` runs these
+there through the Kubernetes API (`uerl runs list|pack --dir`, an exec in the head's Ray
+container), and the laptop needs neither a path into the pod nor kubectl. A bucket's runs
+are summarized by the same rules (`training.runs.bucket_reader`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tarfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from training.runstore.atomic import PARTIAL_PREFIX
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+META = "uerl.json"  # training.run.checkpoints.META
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One stored run, as `uerl runs list` shows it."""
+
+    name: str
+    checkpoint: str | None  # the one `checkpoints/latest` names; None: none yet
+    iteration: int | None
+    env_steps: int | None
+    updated: float  # the newest file's modification time (seconds since the epoch)
+    size: int  # bytes, every file of the run
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        return cls(**data)
+
+
+def hidden(relative: str) -> bool:
+    """A file no reader takes: a write in progress (or a crashed one's leftover)."""
+    return any(part.startswith(PARTIAL_PREFIX) for part in relative.split("/"))
+
+
+def wanted(relative: str, latest: str | None, *, latest_only: bool) -> bool:
+    """Whether a pull takes the run's file at `relative` (a POSIX path in the run):
+    never a partial write; with `latest_only`, no checkpoint but the latest."""
+    if hidden(relative):
+        return False
+    if not latest_only or not relative.startswith(f"{CHECKPOINTS}/"):
+        return True
+    return relative == f"{CHECKPOINTS}/{LATEST}" or (
+        latest is not None and relative.startswith(f"{CHECKPOINTS}/{latest}/")
+    )
+
+
+def read_checkpoint_meta(text: str) -> tuple[int | None, int | None]:
+    """(iteration, env steps) from a checkpoint's uerl.json; Nones if unreadable."""
+    try:
+        meta = json.loads(text)
+        return int(meta["iteration"]), int(meta["env_steps_total"])
+    except (ValueError, KeyError, TypeError):
+        return None, None
+
+
+def _files(run_dir: Path) -> Iterator[tuple[str, os.stat_result]]:
+    for path in sorted(run_dir.rglob("*")):
+        relative = path.relative_to(run_dir).as_posix()
+        if hidden(relative):
+            continue
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # a checkpoint pruned while we walk
+            continue
+        if path.is_file():
+            yield relative, stat
+
+
+def _latest(run_dir: Path) -> str | None:
+    try:
+        name = (run_dir / CHECKPOINTS / LATEST).read_text().strip()
+    except OSError:
+        return None
+    return name or None
+
+
+def summarize(run_dir: Path) -> RunSummary:
+    latest = _latest(run_dir)
+    iteration = env_steps = None
+    if latest is not None:
+        with contextlib.suppress(OSError):
+            iteration, env_steps = read_checkpoint_meta(
+                (run_dir / CHECKPOINTS / latest / META).read_text()
+            )
+    updated, size = run_dir.stat().st_mtime, 0
+    for _, stat in _files(run_dir):
+        updated, size = max(updated, stat.st_mtime), size + stat.st_size
+    return RunSummary(run_dir.name, latest, iteration, env_steps, updated, size)
+
+
+def list_runs(root: Path) -> list[RunSummary]:
+    """Every run under `root` (a directory each), oldest first; [] when `root` is absent."""
+    if not root.is_dir():
+        return []
+    runs = [
+        summarize(path)
+        for path in root.iterdir()
+        if path.is_dir() and not path.name.startswith(".")
+    ]
+    return sorted(runs, key=lambda run: (run.updated, run.name))
+
+
+def plan(root: Path, name: str, *, latest_only: bool) -> tuple[str | None, list[tuple[str, int]]]:
+    """What `pack` sends of run `name`: the checkpoint `latest` names (read once, now)
+    and the files with their sizes, `checkpoints/latest` aside. FileNotFoundError when
+    there is no such run."""
+    run_dir = root / name
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run {name!r} in {root}")
+    latest = _latest(run_dir)
+    pointer = f"{CHECKPOINTS}/{LATEST}"
+    files = [
+        (relative, stat.st_size)
+        for relative, stat in _files(run_dir)
+        if relative != pointer and wanted(relative, latest, latest_only=latest_only)
+    ]
+    return latest, files
+
+
+def pack(
+    root: Path, name: str, latest: str | None, files: list[tuple[str, int]], out: IO[bytes]
+) -> int:
+    """Writes `plan`'s files of run `name` to `out` as a tar stream (members
+    `<name>/...`), then `checkpoints/latest` as `plan` read it: the pulled copy's
+    `latest` names a checkpoint the stream holds whole even while the run goes on.
+    Returns the bytes of file data packed."""
+    run_dir = root / name
+    packed = 0
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for relative, _ in files:
+            try:
+                with (run_dir / relative).open("rb") as fh:
+                    info = tar.gettarinfo(fileobj=fh, arcname=f"{name}/{relative}")
+                    tar.addfile(info, fh)
+                    packed += info.size
+            except FileNotFoundError:  # pruned since it was listed
+                continue
+        if latest is not None:
+            data = latest.encode()
+            info = tarfile.TarInfo(f"{name}/{CHECKPOINTS}/{LATEST}")
+            info.size, info.mtime, info.mode = len(data), int(run_dir.stat().st_mtime), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return packed
