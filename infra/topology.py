@@ -47,6 +47,10 @@ DASHBOARD_PORT = 8265
 # which on a loaded cluster takes longer than that. Set on the Ray head.
 JOB_STOP_GRACE_S = 120
 JOB_STOP_GRACE_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
+# The pods of `uerl submit --supervise` (`uerl supervise`, keeping a run going across a
+# lost head) carry this app name and the stack's instance label; the stack's
+# NetworkPolicies let them reach the head's job API, nothing else.
+SUPERVISOR_APP = "uerl-supervisor"
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -71,7 +71,8 @@ def test_sidecar_dev_stack_creates_operator_namespace_endpoints_and_raycluster(s
         "kubernetes:core/v1:ConfigMap": 1,
         RAYCLUSTER: 1,
         "uerl:infra:StackNetworkPolicies": 1,
-        "kubernetes:networking.k8s.io/v1:NetworkPolicy": 1,  # Ray's (sidecar games inside)
+        # Ray's (sidecar games inside), and the run supervisors' way to the head's job API.
+        "kubernetes:networking.k8s.io/v1:NetworkPolicy": 2,
         "uerl:infra:RunStorage": 1,
         CLAIM: 1,  # the runs'
     }
@@ -281,9 +282,9 @@ def test_registered_objects_are_exactly_the_rendered_ones(run: str, request) -> 
 
 def test_every_kubernetes_resource_is_named_explicitly_after_its_object(networked) -> None:
     objects = [r for r in networked["resources"] if r["custom"] and "metadata" in r["inputs"]]
-    # Namespace, ConfigMap, RayCluster, StatefulSet, Service, two NetworkPolicies, the
-    # runs' claim.
-    assert len(objects) == 8
+    # Namespace, ConfigMap, RayCluster, StatefulSet, Service, three NetworkPolicies (Ray's,
+    # the games', the supervisors' to the head), the runs' claim.
+    assert len(objects) == 9
     for r in objects:
         assert r["inputs"]["metadata"]["name"] == r["name"]
 

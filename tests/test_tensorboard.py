@@ -85,3 +85,19 @@ def test_each_iteration_is_on_disk_before_the_next_one(tmp_path: Path) -> None:
     acc.Reload()
     assert len(acc.Scalars("uerl/env_steps_per_s")) == 1
     writer.close()
+
+
+def test_a_resumed_run_plots_each_step_once_with_the_resumed_value(tmp_path: Path) -> None:
+    lost = TensorBoardWriter(tmp_path)  # got to 300 env steps; its checkpoint was at 200
+    for iteration, steps in enumerate((100, 200, 300), start=1):
+        lost.write(row(iteration, steps, ret=1.0), RESULT)
+    lost.close()
+    resumed = TensorBoardWriter(tmp_path, resumed_at=200)
+    for iteration, steps in ((3, 300), (4, 400)):
+        resumed.write(row(iteration, steps, ret=2.0), RESULT)
+    resumed.close()
+    # Two event files in one directory, read as TensorBoard reads a run.
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    points = [(e.step, e.value) for e in acc.Scalars("uerl/episode_return_mean")]
+    assert points == [(100, 1.0), (200, 1.0), (300, 2.0), (400, 2.0)]

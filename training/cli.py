@@ -36,6 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run `uerl train` (or eval) on a stack's cluster as a Ray job, from this machine",
     ),
     "runs": ("training.commands.runs", "list a stack's stored runs, pull one to this machine"),
+    "supervise": (
+        "training.commands.supervise",
+        "keep a stored run training across a lost Ray head (in the stack, from submit)",
+    ),
     "eval": ("training.commands.eval", "play a checkpoint's policies against the games"),
     "export": ("training.commands.export", "write a checkpoint's policies as ONNX for Schola"),
     "tls-secret": ("training.commands.tls_secret", "make a CA and the games' TLS certificate"),

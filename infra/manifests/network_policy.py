@@ -8,6 +8,8 @@ stacks in one namespace are fenced from each other too:
   (Ray's GCS, object manager, node manager and worker ports are spread over a range).
 - `<name>-ray-head-external`: with `security.allowed_cidrs`, those blocks may reach
   the head's GCS, client and dashboard ports (job submission from outside).
+- `<name>-ray-head-supervisor`: the stack's run supervisors (`uerl submit --supervise`)
+  may reach the head's dashboard port (the job API), to resubmit a run the head lost.
 - `<name>-ue` (networked): games accept their game port only from the stack's Ray pods.
 - With `security.restrict_egress`, the same pods may send only to the stack's own
   pods and to DNS.
@@ -22,7 +24,7 @@ from typing import Any
 
 from infra.manifests import raycluster, simulator
 from infra.manifests.common import K8sObject, metadata
-from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, Topology
+from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, SUPERVISOR_APP, Topology
 
 COMPONENT = "network-policy"
 DNS_PORT = 53
@@ -93,14 +95,33 @@ def _head_external(topology: Topology) -> K8sObject | None:
         topology,
         f"{topology.name}-ray-head-external",
         {
-            "podSelector": _select(
-                topology, raycluster.APP_NAME, **{"app.kubernetes.io/component": HEAD_COMPONENT}
-            ),
+            "podSelector": head_pods(topology),
             "policyTypes": ["Ingress"],
             "ingress": [
                 {
                     "from": [{"ipBlock": {"cidr": cidr}} for cidr in cidrs],
                     "ports": _tcp(GCS_PORT, CLIENT_PORT, DASHBOARD_PORT),
+                }
+            ],
+        },
+    )
+
+
+def head_pods(topology: Topology) -> dict[str, Any]:
+    return _select(topology, raycluster.APP_NAME, **{"app.kubernetes.io/component": HEAD_COMPONENT})
+
+
+def _head_supervisor(topology: Topology) -> K8sObject:
+    return _policy(
+        topology,
+        f"{topology.name}-ray-head-supervisor",
+        {
+            "podSelector": head_pods(topology),
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": _select(topology, SUPERVISOR_APP)}],
+                    "ports": _tcp(DASHBOARD_PORT),
                 }
             ],
         },
@@ -130,5 +151,10 @@ def policies(topology: Topology) -> list[K8sObject]:
     """The stack's NetworkPolicies (none with `security.network_policies: false`)."""
     if not topology.security.network_policies:
         return []
-    built = (_ray(topology), _head_external(topology), _games(topology))
+    built = (
+        _ray(topology),
+        _head_external(topology),
+        _head_supervisor(topology),
+        _games(topology),
+    )
     return [policy for policy in built if policy is not None]

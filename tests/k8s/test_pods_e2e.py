@@ -9,9 +9,9 @@ the KubeRay operator runs from its chart's Deployment. Training is what a user r
 `ray job submit` through `kubectl port-forward` to the head's dashboard, `uerl train`
 reading `/etc/uerl/endpoints.json` and storing the run on the runs claim, `uerl runs list`
 and `pull` of it and `uerl export` on this machine; then `uerl submit` from this machine
-(its own port-forward through the Kubernetes API), to the job's end and with Ctrl-C. The tests run in file order and share
-the `dev` stack: each stage is a module fixture, each test checks one thing of what it
-left.
+(its own port-forward through the Kubernetes API), to the job's end and with Ctrl-C. The
+tests run in file order and share the `dev` stack: each stage is a module fixture, each
+test checks one thing of what it left.
 """
 
 from __future__ import annotations
@@ -55,12 +55,13 @@ from pulumi_project import PulumiProject, Result
 from stacks import running_and_ready
 
 from infra.topology import JOB_STOP_GRACE_S
+from training.runstore import attempts
 
 pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(3600)]
 
 # Stored on the stack's runs claim (`topology.runs`, mounted on the head at /uerl/runs):
 # `uerl train --run-name` with no path flag, as a user runs it.
-RUN_NAME = "pods"
+RUN_NAME = "first"
 # The driver's per-game lines: a runner's game failed, then answered again.
 RUNNER_FAULT = re.compile(r"game of env runner \d+ \(.*\) failed")
 RUNNER_BACK = re.compile(r"game of env runner \d+ \(.*\) is back")
@@ -429,19 +430,18 @@ def test_the_stored_run_is_listed_pulled_and_exported_on_this_machine(
     assert listed.returncode == 0, listed.stderr
     row = next(line.split() for line in listed.stdout.splitlines() if line.startswith(RUN_NAME))
     assert row[1:3] == [f"checkpoint_{last:06d}", str(last)], listed.stdout
-    pulled = subprocess.run([str(UERL), "runs", "pull", RUN_NAME, *kube, "--latest",
-                             "--to", str(tmp_path)], capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
+    # Into ./runs/first, the default --to, as the README shows it.
+    pulled = subprocess.run([str(UERL), "runs", "pull", "first", *kube, "--latest"],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
     print(pulled.stderr)
     assert pulled.returncode == 0, pulled.stderr
-    run = tmp_path / RUN_NAME
-    local = run / "checkpoints"
-    assert (local / "latest").read_text() == f"checkpoint_{last:06d}"
+    run = tmp_path / "runs" / RUN_NAME
+    assert (run / "checkpoints" / "latest").read_text() == f"checkpoint_{last:06d}"
     # The run's record came with it: a row per iteration, once each.
     rows = (run / "metrics.csv").read_text().splitlines()[1:]
     assert [int(r.split(",")[0]) for r in rows] == list(range(1, last + 1)), rows
-    done = subprocess.run([str(UERL), "export", "--checkpoint", str(local)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run([str(UERL), "export", "--checkpoint", "runs/first/checkpoints"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
     # Every file written was verified, and every output of each agrees with torch.
@@ -456,8 +456,9 @@ def test_the_stored_run_is_listed_pulled_and_exported_on_this_machine(
 
 SUBMIT_JOB = "uerl-pods-submit"
 SUBMIT_STOP_JOB = "uerl-pods-submit-stop"
-SUBMIT_RUN_DIR = "/home/ray/runs/submit"
-SUBMIT_STOP_RUN_DIR = "/home/ray/runs/submit-stop"
+# Runs on the runs claim, named (`--run-name`): the head mounts it at /uerl/runs.
+SUBMIT_RUN = "submit"
+SUBMIT_STOP_RUN = "submit-stop"
 
 
 @pytest.fixture(scope="module")
@@ -471,12 +472,12 @@ def submit_endpoints(
 
 
 def _uerl_submit(
-    cp: ControlPlane, endpoints: Path, submission_id: str, run_dir: str, *train: str
+    cp: ControlPlane, endpoints: Path, submission_id: str, run_name: str, *train: str
 ) -> list[str]:
     """`uerl submit` with its own port-forward (no kubectl), the admin kubeconfig."""
     return [str(UERL), "submit", "--endpoints", str(endpoints), "--kubeconfig",
             str(cp.kubeconfig), "--submission-id", submission_id, "--", "train",
-            "--run-dir", run_dir, *train, *TRAIN_ARGS]  # fmt: skip
+            "--run-name", run_name, *train, *TRAIN_ARGS]  # fmt: skip
 
 
 def _stop_if_running(jobs: RayJobs, submission_id: str) -> None:
@@ -492,7 +493,7 @@ def test_uerl_submit_trains_on_the_cluster_and_exits_0(
     submit_endpoints: Path,
     jobs: RayJobs,
 ) -> None:
-    argv = _uerl_submit(node_control_plane, submit_endpoints, SUBMIT_JOB, SUBMIT_RUN_DIR,
+    argv = _uerl_submit(node_control_plane, submit_endpoints, SUBMIT_JOB, SUBMIT_RUN,
                         "--iterations", "2")  # fmt: skip
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
@@ -511,7 +512,7 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
     jobs: RayJobs,
 ) -> None:
     argv = _uerl_submit(node_control_plane, submit_endpoints, SUBMIT_STOP_JOB,
-                        SUBMIT_STOP_RUN_DIR, "--iterations", "1000")  # fmt: skip
+                        SUBMIT_STOP_RUN, "--iterations", "1000")  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out: list[str] = []
     err: list[str] = []
@@ -555,7 +556,108 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
     log = jobs.logs(SUBMIT_STOP_JOB)
     assert "checkpoint" in log
     # The driver's line for the final checkpoint it wrote after Ray's SIGTERM.
-    assert f"checkpoint: {SUBMIT_STOP_RUN_DIR}/checkpoints/checkpoint_" in log, log[-6000:]
+    assert f"checkpoint: /uerl/runs/{SUBMIT_STOP_RUN}/checkpoints/checkpoint_" in log, log[-6000:]
+
+
+# ---- a run that outlives its head: `uerl submit --supervise`, the head pod deleted -------
+
+SUPERVISED_RUN = "supervised"
+SUPERVISED_ITERATIONS = 12
+HEAD_LOST_AT = 5  # the iteration after which the head pod is deleted (checkpoints: every 2)
+
+
+@dataclass
+class SupervisedRun:
+    job: str
+    log: str
+    pulled: Path
+    lost_after: int  # the last iteration the first attempt printed
+
+
+def _supervisor_log(cp: ControlPlane, job: str) -> str:
+    done = cp.kubectl("logs", "-n", NAMESPACE, f"job/{job}", check=False, timeout_s=60)
+    return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def supervised_run(
+    node_control_plane: ControlPlane,
+    sidecar_run: SidecarRun,  # its job stopped: the games are free
+    submit_endpoints: Path,
+    figures: Figures,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> SupervisedRun:
+    """A supervised training whose head pod is deleted mid-run, to its end, then pulled."""
+    cp = node_control_plane
+    kube = ("--endpoints", str(submit_endpoints), "--kubeconfig", str(cp.kubeconfig))
+    made = subprocess.run(
+        [str(UERL), "submit", *kube, "--supervise", "--", "train", "--run-name", SUPERVISED_RUN,
+         "--iterations", str(SUPERVISED_ITERATIONS), *TRAIN_ARGS, "--checkpoint-every", "2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    print(made.stdout, made.stderr)
+    assert made.returncode == 0, made.stderr
+    job = made.stdout.strip()
+
+    def iterations() -> list[int]:
+        return [p.iteration for p in progress(_supervisor_log(cp, job))]
+
+    cp.wait_until(lambda: max(iterations(), default=0) >= HEAD_LOST_AT, 900,
+                  f"iteration {HEAD_LOST_AT} of the supervised run", interval_s=3)  # fmt: skip
+    lost_after = max(iterations())
+    cp.kubectl("delete", "pod", "-n", NAMESPACE, head_pod(cp), "--wait=false")
+    deleted = time.monotonic()
+
+    def resumed() -> bool:  # an iteration of the second attempt
+        log = _supervisor_log(cp, job)
+        return bool(progress(lines_after(log, "submitting job uerl-supervised-2")))
+
+    cp.wait_until(resumed, 900, "an iteration after the head was lost", interval_s=3)
+    figures["supervised: head deleted -> next iteration, s"] = round(time.monotonic() - deleted)
+
+    def finished() -> bool:
+        status = cp.kubectl("get", "job", "-n", NAMESPACE, job, "-o",
+                            "jsonpath={.status.succeeded}/{.status.failed}").stdout  # fmt: skip
+        return status.startswith("1/") or status.endswith("/1")
+
+    cp.wait_until(finished, 900, f"the supervisor Job {job} to end", interval_s=3)
+    log = _supervisor_log(cp, job)
+    print(f"--- supervisor {job} ---\n{log[-8000:]}")
+    pulled = tmp_path_factory.mktemp("supervised")
+    got = subprocess.run([str(UERL), "runs", "pull", SUPERVISED_RUN, *kube, "--to", str(pulled)],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    return SupervisedRun(job, log, pulled / SUPERVISED_RUN, lost_after)
+
+
+def test_a_supervised_run_carries_on_to_its_end_after_its_head_pod_is_deleted(
+    node_control_plane: ControlPlane, supervised_run: SupervisedRun
+) -> None:
+    status = node_control_plane.kubectl("get", "job", "-n", NAMESPACE, supervised_run.job,
+                                        "-o", "jsonpath={.status.succeeded}").stdout  # fmt: skip
+    assert status == "1", supervised_run.log[-6000:]
+    said = "attempt 2 of run supervised: submitting job uerl-supervised-2 (the Ray head was lost"
+    assert said in supervised_run.log, supervised_run.log[-6000:]
+    assert progress(supervised_run.log)[-1].iteration == SUPERVISED_ITERATIONS
+
+
+def test_the_resumed_run_stored_every_iteration_once_and_lost_at_most_a_checkpoint_interval(
+    supervised_run: SupervisedRun,
+) -> None:
+    rows = (supervised_run.pulled / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, SUPERVISED_ITERATIONS + 1))
+    [first, second] = [a for a in attempts.read(supervised_run.pulled)]
+    assert (first["attempt"], first["resumed_from"]) == (1, None)
+    assert second["attempt"] == 2 and second["reason"].startswith("the Ray head was lost")
+    # At most one checkpoint interval (2) of the first attempt's work is done again.
+    assert supervised_run.lost_after - second["iteration"] <= 2, (supervised_run.lost_after, second)
+
+
+def test_the_resumed_run_keeps_improving(supervised_run: SupervisedRun) -> None:
+    rows = [r.split(",") for r in (supervised_run.pulled / "metrics.csv").read_text().splitlines()]
+    column = rows[0].index("episode_return_mean")
+    returns = [float(r[column]) for r in rows[1:] if r[column] not in ("", "nan")]
+    assert max(returns[HEAD_LOST_AT:]) >= 1.5 * returns[0], returns
 
 
 # ---- e. NetworkPolicies --------------------------------------------------------------

@@ -3,12 +3,19 @@ cluster as a Ray job, through the Kubernetes API (no `kubectl port-forward` to k
 
     uerl submit [--stack NAME | --endpoints FILE] [--kubeconfig PATH] [--context NAME]
                 [--submission-id ID] [--no-wait] -- train|eval [flags...]
+    uerl submit [--stack NAME | --endpoints FILE] ... --supervise [--max-restarts N]
+                -- train --run-name RUN [flags...]
 
 It finds the stack's Ray head pod (Running and Ready), forwards a local port to its job
 API (found again when the head pod is replaced), submits the command, prints the job's
 log as it grows and exits with the job's end: 0 SUCCEEDED, 1 FAILED, 130 STOPPED. Ctrl-C
 stops the job (a training writes a final checkpoint) and exits 130; a second Ctrl-C
 leaves at once. Bad input exits 2, a cluster it cannot use 1, each with one line.
+
+With --supervise it makes a Kubernetes Job in the stack's namespace running
+`uerl supervise` for the run (training.submit.supervisor_job): the run is submitted
+from there, and again from its last stored checkpoint whenever the head (or the job) is
+lost, until it ends; `uerl submit` exits 0 once the Job is made.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ PROG = "uerl submit"
 SUBCOMMANDS = ("train", "eval")
 USAGE = (
     f"{PROG} [--stack NAME | --endpoints FILE] [--kubeconfig PATH] [--context NAME] "
-    "[--submission-id ID] [--no-wait] -- train|eval [flags...]"
+    "[--submission-id ID] [--no-wait] [--supervise [--max-restarts N]] -- train|eval [flags...]"
 )
 
 
@@ -58,6 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
     parser.add_argument(
         "--submission-id", metavar="ID", help="the job's submission id (default: Ray picks one)"
+    )
+    parser.add_argument(
+        "--supervise",
+        action="store_true",
+        help="keep the training going across a lost Ray head or learner: a Job in the "
+        "stack's namespace submits it, and resubmits it from its last stored checkpoint "
+        "whenever it is lost (train only; the run goes to the stack's run storage)",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=10,
+        metavar="N",
+        help="with --supervise: attempts after the first before giving up (default 10)",
     )
     parser.add_argument(
         "--no-wait",
@@ -105,16 +126,112 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
     assert command is not None
+    if args.supervise:
+        problem = _check_supervised(command)
+        if problem is not None:
+            print(f"{PROG}: --supervise: {problem}", file=sys.stderr)
+            return 2
     from training.submit.submit_error import SubmitError
 
     try:
-        return _submit(args, command)
+        return _supervise(args, command) if args.supervise else _submit(args, command)
     except SubmitError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+
+
+def _check_supervised(command: list[str]) -> str | None:
+    """Why the command cannot be supervised (None: it can)."""
+    if command[0] != "train":
+        return "only `train` is supervised (an eval is rerun by hand)"
+    from training.commands.train import build_parser as train_parser
+
+    args = train_parser().parse_args(command[1:])
+    if args.run_dir is not None or args.checkpoint_dir is not None:
+        return (
+            "a supervised run lives in the stack's run storage, where every attempt finds "
+            "it: give --run-name, not --run-dir or --checkpoint-dir"
+        )
+    if args.resume is not None:
+        return "the supervisor resumes the run itself (--resume auto): leave --resume out"
+    return None
+
+
+def _run_name(command: list[str], cluster_name: str) -> tuple[str, list[str]]:
+    """The run's name and the train flags without it (the supervisor passes it)."""
+    from training.commands.train import build_parser as train_parser
+    from training.runstore.location import default_run_name
+
+    name = train_parser().parse_args(command[1:]).run_name
+    flags = list(command[1:])
+    for i, flag in enumerate(flags):
+        if flag == "--run-name":
+            del flags[i : i + 2]
+            break
+        if flag.startswith("--run-name="):
+            del flags[i]
+            break
+    return name or default_run_name(cluster_name), flags
+
+
+def _supervise(args: argparse.Namespace, command: list[str]) -> int:
+    from training.submit import head, stack_endpoints, supervisor_job
+    from training.submit.submit_error import BAD_INPUT, CLUSTER_UNUSABLE, SubmitError
+
+    if args.endpoints is not None:
+        endpoints = stack_endpoints.endpoints_from_file(args.endpoints)
+    else:
+        endpoints = stack_endpoints.endpoints_from_stack(args.stack)
+    if endpoints.runs is None:
+        raise SubmitError(
+            "--supervise: the endpoints name no run storage (`runs`), where every attempt "
+            "finds the run: `pulumi up` with this uerl adds it",
+            BAD_INPUT,
+        )
+    run_name, train_args = _run_name(command, endpoints.cluster_name)
+    api = head.kube_api_client(args.kubeconfig, args.context)
+    list_pods = head.kube_pod_lister(api)
+    finder = head.HeadFinder(endpoints, list_pods)
+    pod_name = finder.find()
+    pod = next(
+        p for p in list_pods(finder.namespace, finder.selector) if p["metadata"]["name"] == pod_name
+    )
+    job = supervisor_job.build(endpoints, pod, run_name, train_args, max_restarts=args.max_restarts)
+    name = job["metadata"]["name"]
+    from kubernetes.client import BatchV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        BatchV1Api(api).create_namespaced_job(
+            endpoints.namespace, job, _request_timeout=head.API_TIMEOUT_S
+        )
+    except ApiException as exc:
+        if exc.status == 409:
+            raise SubmitError(
+                f"--supervise: run {run_name} has a supervisor already (Job {name} in "
+                f"namespace {endpoints.namespace}); give another --run-name, or delete that "
+                "Job once its run has ended",
+                BAD_INPUT,
+            ) from None
+        raise SubmitError(head.api_failure(api, exc), CLUSTER_UNUSABLE) from None
+    except Exception as exc:  # urllib3's errors, a TLS failure
+        raise SubmitError(head.api_failure(api, exc), CLUSTER_UNUSABLE) from None
+    print(
+        f"{PROG}: run {run_name} is supervised by Job {name} (namespace "
+        f"{endpoints.namespace}): it submits `uerl train --run-name {run_name} --resume auto` "
+        "now, and again from the last stored checkpoint whenever the head or the job is lost",
+        file=sys.stderr,
+    )
+    print(
+        f"{PROG}: follow it with `kubectl -n {endpoints.namespace} logs -f job/{name}`; "
+        f"its results with `uerl runs list` and `uerl runs pull {run_name}`",
+        file=sys.stderr,
+    )
+    print(name, flush=True)
+    return 0
 
 
 def _submit(args: argparse.Namespace, command: list[str]) -> int:

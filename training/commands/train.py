@@ -18,8 +18,9 @@ from training.commands.training_options import (
     run_name_from_args,
 )
 from training.rllib.hparams import HyperparameterError
+from training.run import checkpoints
 from training.run.checkpoints import CheckpointError
-from training.run.options import check_before_start
+from training.run.options import TrainOptions, check_before_start
 from training.run.stop import StopRequest
 from training.runstore.stored_run import StoredRun, open_stored_run
 
@@ -49,6 +50,22 @@ def _say(line: str) -> None:
     print(line, flush=True)  # under `ray job submit` stdout is a file
 
 
+def _record_attempt(options: TrainOptions) -> None:
+    """A supervised run (`uerl supervise`) notes each attempt in its record, and says it."""
+    from training.runstore import attempts
+
+    started = attempts.from_environment()
+    if started is None:
+        return
+    resumed_from = iteration = None
+    if options.resume is not None:
+        checkpoint = checkpoints.resolve(options.resume, options.checkpoint_dir)
+        resumed_from, iteration = checkpoint.name, checkpoints.read_meta(checkpoint).iteration
+    attempts.record(options.run_dir, *started, resumed_from=resumed_from, iteration=iteration)
+    where = f"from {resumed_from} (iteration {iteration})" if resumed_from else "from the start"
+    _say(f"attempt {started[0]} of this run, {where}: {started[1]}")
+
+
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     from training.run.endpoints_source import endpoints_file
@@ -70,6 +87,7 @@ def main(argv: Sequence[str]) -> int:
             stored_run_dir=stored.run_dir if stored is not None else None,
         )
         check_before_start(options, num_learners=endpoints.num_learners)
+        _record_attempt(options)
     except (EndpointsError, HyperparameterError, CheckpointError, ValueError) as exc:
         if stored is not None:
             stored.close()

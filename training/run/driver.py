@@ -272,7 +272,11 @@ def _loop(
     stop.graceful = True
     from training.rllib.algorithm import policy_names
 
-    tensorboard = TensorBoardWriter(options.run_dir, policy_names(algo.config))
+    tensorboard = TensorBoardWriter(
+        options.run_dir,
+        policy_names(algo.config),
+        resumed_at=previous if options.resume is not None else None,
+    )
     pause = _Pause(options.game_down_limit_s, log)
     try:
         while not _done(options, rows) and not stop.requested:

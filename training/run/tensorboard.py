@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +93,31 @@ def scalars_for(
 class TensorBoardWriter:
     """One event file per run (segment) in `run_dir`; `close()` flushes it."""
 
-    def __init__(self, run_dir: Path, policy_names: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        policy_names: dict[str, str] | None = None,
+        *,
+        resumed_at: int | None = None,
+    ) -> None:
         from tensorboardX import SummaryWriter
 
         self._policy_names = policy_names or {}
         run_dir.mkdir(parents=True, exist_ok=True)
-        # flush_secs bounds the delay for anything written between iterations.
-        self._writer = SummaryWriter(logdir=str(run_dir), flush_secs=10)
+        # A run resumed from a checkpoint at `resumed_at` env steps repeats what the lost
+        # segment wrote after it: TensorBoard's purge event hides the earlier files'
+        # points from the next step on, so each step is plotted once, the resumed value.
+        purge_step = None if resumed_at is None else resumed_at + 1
+        # flush_secs bounds the delay for anything written between iterations. The file
+        # is named by the second it was made in and the host: two segments of a run in one
+        # second would share (and truncate) a file but for the suffix, which also orders
+        # them as TensorBoard reads them (by name).
+        self._writer = SummaryWriter(
+            logdir=str(run_dir),
+            flush_secs=10,
+            purge_step=purge_step,
+            filename_suffix=f".{time.time_ns()}",
+        )
 
     def write(
         self,

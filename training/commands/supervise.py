@@ -1,0 +1,73 @@
+"""`uerl supervise`: keep one stored run training until it is done, resubmitting it to
+the Ray head's job API when the head (or the job) is lost. It runs in the stack's
+namespace, in the Job `uerl submit --supervise` makes; the supervisor's log is each
+attempt's log in turn, with a line for every attempt and why it started.
+
+    uerl supervise --address URL --run-name RUN [--max-restarts N] -- [train flags...]
+
+Exit status: 0 the run ended (SUCCEEDED, or STOPPED by a person), 1 restarts used up or
+no head for 30 minutes, 2 bad input (here, or a job that failed on it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+PROG = "uerl supervise"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from training.supervise.supervisor import MAX_RESTARTS
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Keep a stored run training across a lost Ray head: submit `uerl train "
+        "--run-name RUN --resume auto FLAGS` to the head's job API, follow it, and submit it "
+        "again when the head loses it or it fails.",
+    )
+    parser.add_argument("--address", required=True, help="the head's job API (dashboard) URL")
+    parser.add_argument("--run-name", required=True, metavar="RUN", help="the run to keep going")
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=MAX_RESTARTS,
+        metavar="N",
+        help=f"attempts after the first before giving up (default {MAX_RESTARTS})",
+    )
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    args_list = list(argv)
+    cut = args_list.index("--") if "--" in args_list else len(args_list)
+    args = build_parser().parse_args(args_list[:cut])
+    train_args = args_list[cut + 1 :]
+    from training.commands.train import build_parser as train_parser
+    from training.runstore.location import RunStorageError, check_run_name
+
+    try:
+        check_run_name(args.run_name)
+    except RunStorageError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    train_parser().parse_args(["--run-name", args.run_name, *train_args])  # exit 2 on a typo
+    from training.supervise.supervisor import Supervisor
+
+    def connect():  # type: ignore[no-untyped-def]
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(args.address)
+
+    def log(line: str) -> None:
+        print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+
+    supervisor = Supervisor(
+        connect, args.run_name, train_args, log=log, max_restarts=args.max_restarts
+    )
+    try:
+        return supervisor.run()
+    except KeyboardInterrupt:
+        log("interrupted; the current attempt goes on without a supervisor")
+        return 130

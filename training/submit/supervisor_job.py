@@ -1,0 +1,110 @@
+"""The Kubernetes Job `uerl submit --supervise` makes: one pod running `uerl supervise`
+for one run, in the stack's namespace, so the run is carried on across a lost head with
+nobody acting (training.supervise.supervisor says how).
+
+Built from the head pod as the cluster runs it: its image (it has `uerl` and Ray's job
+client), its pull secrets, node selector and tolerations (a node the head may use), the
+stack's instance label (the stack's NetworkPolicy `<name>-ray-head-supervisor` admits
+pods with it and the app name SUPERVISOR_APP to the job API, and nothing else). The pod
+passes the `restricted` Pod Security Standard, calls no Kubernetes API (no token
+mounted) and asks for little: it polls the job API every few seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from infra.endpoints import Endpoints
+from infra.manifests import pod_security
+from infra.manifests.pod_security import RAY_GID, RAY_UID
+from infra.topology import SUPERVISOR_APP
+
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+RUN_LABEL = "uerl.dev/run"
+# The supervisor's own pod lost (its node drained): the Job makes another, which finds
+# the attempt still running and follows it.
+BACKOFF_LIMIT = 6
+TTL_AFTER_FINISHED_S = 7 * 24 * 3600
+
+
+def job_name(cluster_name: str, run_name: str) -> str:
+    """`<cluster>-supervise-<run>`, a valid object name (lower case, `-`, 63 at most)."""
+    run = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-") or "run"
+    return f"{cluster_name}-supervise-{run}"[:63].rstrip("-")
+
+
+def pod_labels(instance: str, run_name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": SUPERVISOR_APP,
+        INSTANCE_LABEL: instance,
+        "app.kubernetes.io/component": "supervisor",
+        "app.kubernetes.io/part-of": "uerl",
+        RUN_LABEL: re.sub(r"[^A-Za-z0-9._-]+", "-", run_name)[:63],
+    }
+
+
+def build(
+    endpoints: Endpoints,
+    head_pod: dict[str, Any],
+    run_name: str,
+    train_args: list[str],
+    *,
+    max_restarts: int,
+) -> dict[str, Any]:
+    """The Job (the API's JSON shape) for `head_pod` (as the API serves it)."""
+    spec = head_pod.get("spec") or {}
+    container = (spec.get("containers") or [{}])[0]
+    labels = pod_labels(str((head_pod["metadata"].get("labels") or {})[INSTANCE_LABEL]), run_name)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "containers": [
+            {
+                "name": "supervisor",
+                "image": container["image"],
+                "imagePullPolicy": container.get("imagePullPolicy", "IfNotPresent"),
+                "command": [
+                    "uerl",
+                    "supervise",
+                    "--address",
+                    endpoints.ray.dashboard_url,
+                    "--run-name",
+                    run_name,
+                    "--max-restarts",
+                    str(max_restarts),
+                    "--",
+                    *train_args,
+                ],
+                "resources": {
+                    "requests": {"cpu": "50m", "memory": "256Mi"},
+                    "limits": {"memory": "512Mi"},
+                },
+                # The Ray image's user; its root stays writable as the Ray containers'
+                # do (Ray's client may write under $HOME, where the image keeps Python).
+                "securityContext": {
+                    "runAsUser": RAY_UID,
+                    "runAsGroup": RAY_GID,
+                    "readOnlyRootFilesystem": False,
+                },
+            }
+        ],
+    }
+    pod_security.restrict(pod_spec)  # as every pod of the stack: `restricted`
+    for key in ("imagePullSecrets", "nodeSelector", "tolerations"):
+        if spec.get(key):
+            pod_spec[key] = spec[key]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(endpoints.cluster_name, run_name),
+            "namespace": endpoints.namespace,
+            "labels": labels,
+        },
+        "spec": {
+            "backoffLimit": BACKOFF_LIMIT,
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }

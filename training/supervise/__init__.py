@@ -1,0 +1,1 @@
+"""`uerl supervise`: one stored run kept training across a lost Ray head or learner."""
