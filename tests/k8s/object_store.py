@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from controlplane import LOOPBACK, find_binaries, free_ports, tail
+from proc_tree import StartedProcesses
 
 START_TIMEOUT_S = 90.0
 
@@ -40,6 +41,7 @@ class ObjectStore:
         self.secret_key = secrets.token_hex(16)
         self.workdir = Path()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started = StartedProcesses(grace_s=20)
         self.port = 0
 
     @property
@@ -82,7 +84,8 @@ class ObjectStore:
         if self.buckets:
             args.append(f"-bucket={','.join(self.buckets)}")
         log = (self.workdir / "weed.log").open("wb")
-        self.proc = subprocess.Popen(
+        # Its own process group: `pause` stops every process of the store at once.
+        self.proc = self.started.popen(
             args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True
         )
         try:
@@ -151,13 +154,8 @@ class ObjectStore:
         tb: TracebackType | None,
     ) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGCONT)
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a paused store takes its SIGTERM
+        self.started.stop()  # SIGTERM, up to 20 s, then SIGKILL to what it started
         if exc_type is None:
             import shutil
 

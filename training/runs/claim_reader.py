@@ -198,7 +198,7 @@ def kube_exec(api_client: Any, namespace: str) -> Exec:
         except Exception as exc:  # ApiException, urllib3's errors
             raise SubmitError(api_failure(api_client, exc), CLUSTER_UNUSABLE) from None
         try:
-            return stream(
+            response = stream(
                 core.connect_get_namespaced_pod_exec,
                 pod,
                 namespace,
@@ -209,7 +209,6 @@ def kube_exec(api_client: Any, namespace: str) -> Exec:
                 stderr=True,
                 tty=False,
                 binary=True,
-                capture_all=False,  # else every byte is kept in memory too
                 _preload_content=False,
             )
         except Exception as exc:  # ApiException(status=0): the handshake failed
@@ -217,5 +216,11 @@ def kube_exec(api_client: Any, namespace: str) -> Exec:
                 f"exec in the Ray head pod {pod}: {api_failure(api_client, exc)}",
                 CLUSTER_UNUSABLE,
             ) from None
+        # The client keeps a copy of all output for read_all() unless told not to, and
+        # `stream()` does not pass that on: a pulled run would sit in memory twice.
+        from kubernetes.stream import ws_client
+
+        response._all = ws_client._IgnoredIO()
+        return response
 
     return exec_
