@@ -4,6 +4,7 @@ RLlib's Algorithm: no Ray, no games; real checkpoints' metadata, CSV and signals
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -128,3 +129,17 @@ def test_a_single_ctrl_c_finishes_the_iteration_and_writes_a_final_checkpoint(
     assert result.interrupted
     assert algo.trained == [1, 2, 3]
     assert algo.saved == [3]
+
+
+def test_each_checkpoint_says_its_size_and_how_long_it_took(tmp_path: Path) -> None:
+    lines: list[str] = []
+    _loop(
+        FakeAlgorithm(),
+        options(tmp_path, iterations=4, checkpoint_every=2),
+        StopRequest(),
+        lines.append,
+        RunnerHealthBoard(2, give_up_after_s=300),
+    )
+    written = [line for line in lines if " written: " in line]
+    assert [line.split()[0] for line in written] == ["checkpoint_000002", "checkpoint_000004"]
+    assert all(re.fullmatch(r"\S+ written: \d+\.\d MiB in \d+\.\d\d s", line) for line in written)

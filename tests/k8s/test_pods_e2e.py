@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -29,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controlplane import ControlPlane
+from controlplane import NODE_API_ADDRESS, ControlPlane
 from node import Node
 from node_images import busybox_image
+from object_store import ObjectStore
 from pods_stack import (
     CLUSTER,
     NAMESPACE,
@@ -52,6 +54,7 @@ from pods_stack import (
     write_json,
 )
 from pulumi_project import PulumiProject, Result
+from pyarrow import fs
 from stacks import running_and_ready
 
 from infra.topology import JOB_STOP_GRACE_S
@@ -658,6 +661,146 @@ def test_the_resumed_run_keeps_improving(supervised_run: SupervisedRun) -> None:
     column = rows[0].index("episode_return_mean")
     returns = [float(r[column]) for r in rows[1:] if r[column] not in ("", "nan")]
     assert max(returns[HEAD_LOST_AT:]) >= 1.5 * returns[0], returns
+
+
+# ---- the same in a bucket: a learner pod and the head lost, the store gone for 30 s ------
+
+BUCKET = "runs"
+BUCKET_RUN = "bucket"
+BUCKET_ITERATIONS = 14
+RUN_KEYS = "run-keys"
+
+
+@dataclass
+class BucketRun:
+    job: str
+    log: str
+    pulled: Path
+    stored: list[str]  # the bucket's keys of the run, at its end
+    refused: dict[str, str]  # uerl train's refusals at start, by what was wrong
+
+
+@pytest.fixture(scope="module")
+def object_store() -> Iterator[ObjectStore]:
+    """SeaweedFS beside the node, as a team's store beside its cluster: on the address
+    the pods reach this machine on."""
+    with ObjectStore(buckets=[BUCKET], address=NODE_API_ADDRESS) as store:
+        yield store
+
+
+@pytest.fixture(scope="module")
+def bucket_run(
+    node_control_plane: ControlPlane,
+    project: PulumiProject,
+    supervised_run: SupervisedRun,  # the claim's scenarios first: the claim goes with this
+    object_store: ObjectStore,
+    figures: Figures,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> BucketRun:
+    cp, store = node_control_plane, object_store
+    keys = store.environment()
+    cp.kubectl("create", "secret", "generic", RUN_KEYS, "-n", NAMESPACE,
+               *(f"--from-literal={k}={v}" for k, v in keys.items()))  # fmt: skip
+    for path, value in (("topology.runs.s3.bucket", BUCKET),
+                        ("topology.runs.s3.endpoint", store.endpoint),
+                        ("topology.runs.s3.credentials_secret", RUN_KEYS)):  # fmt: skip
+        project.config_set("dev", path, value)
+    _config_up(project, "topology.runs.store", "s3")
+    work = tmp_path_factory.mktemp("bucket")
+    endpoints = work / "endpoints.json"
+    write_json(endpoints, project.outputs("dev")["endpoints"])
+    kube = ("--endpoints", str(endpoints), "--kubeconfig", str(cp.kubeconfig))
+    # f. A wrong bucket and wrong keys, refused at start by `uerl train` on the head.
+    wrong_bucket = json.loads(endpoints.read_text())
+    wrong_bucket["runs"]["uri"] = "s3://no-such-runs/uerl-runs"
+    attempts_at_start = {
+        "bucket": (["sh", "-c", "cat > /tmp/wrong-bucket.json && uerl train --endpoints "
+                    "/tmp/wrong-bucket.json --run-name refused --iterations 1"],
+                   json.dumps(wrong_bucket)),
+        "keys": (["env", "AWS_SECRET_ACCESS_KEY=wrong", "uerl", "train", "--run-name",
+                  "refused", "--iterations", "1"], None),
+    }  # fmt: skip
+    refused = {}
+    for what, (command, given) in attempts_at_start.items():
+        done = cp.kubectl("exec", "-i", "-n", NAMESPACE, head_pod(cp), "-c", "ray-head", "--",
+                          *command, input=given, check=False, timeout_s=300)  # fmt: skip
+        refused[what] = f"exit {done.returncode}: {done.stderr.strip()}"
+    made = subprocess.run(
+        [str(UERL), "submit", *kube, "--supervise", "--", "train", "--run-name", BUCKET_RUN,
+         "--iterations", str(BUCKET_ITERATIONS), *TRAIN_ARGS, "--checkpoint-every", "2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    job = made.stdout.strip()
+
+    def last_iteration() -> int:
+        return max((p.iteration for p in progress(_supervisor_log(cp, job))), default=0)
+
+    cp.wait_until(lambda: last_iteration() >= 3, 900, "iteration 3 in a bucket", interval_s=3)
+    [learner] = [p["metadata"]["name"] for p in ray_pods(cp, "learners")]
+    cp.kubectl("delete", "pod", "-n", NAMESPACE, learner, "--wait=false")
+    cp.wait_until(
+        lambda: bool(progress(lines_after(_supervisor_log(cp, job), "uerl-bucket-2 ("))),
+        900, "an iteration after the learner pod was lost", interval_s=3,
+    )  # fmt: skip
+    # e. The store gone for 30 s while the run trains: storing waits, training goes on.
+    before = last_iteration()
+    started = time.monotonic()
+    store.pause(30)
+    figures["bucket: iterations while the store was gone 30 s"] = last_iteration() - before
+    assert time.monotonic() - started >= 30
+    cp.wait_until(lambda: last_iteration() >= before + 3, 900, "iterations after the pause",
+                  interval_s=3)  # fmt: skip
+    cp.kubectl("delete", "pod", "-n", NAMESPACE, head_pod(cp), "--wait=false")
+
+    def finished() -> bool:
+        status = cp.kubectl("get", "job", "-n", NAMESPACE, job, "-o",
+                            "jsonpath={.status.succeeded}/{.status.failed}").stdout  # fmt: skip
+        return status.startswith("1/") or status.endswith("/1")
+
+    cp.wait_until(finished, 1200, f"the supervisor Job {job} to end", interval_s=3)
+    log = _supervisor_log(cp, job)
+    print(f"--- supervisor {job} ---\n{log[-8000:]}")
+    got = subprocess.run([str(UERL), "runs", "pull", BUCKET_RUN, *kube, "--to", str(work)],
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, **keys})  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    root = f"{BUCKET}/uerl-runs/{BUCKET_RUN}"
+    infos = store.filesystem().get_file_info(fs.FileSelector(root, recursive=True))
+    stored = sorted(i.path[len(root) + 1 :] for i in infos if i.type == fs.FileType.File)
+    return BucketRun(job, log, work / BUCKET_RUN, stored, refused)
+
+
+def test_a_bucket_run_carries_on_after_a_learner_pod_and_then_the_head_are_lost(
+    bucket_run: BucketRun,
+) -> None:
+    assert progress(bucket_run.log)[-1].iteration == BUCKET_ITERATIONS, bucket_run.log[-6000:]
+    reasons = [a["reason"] for a in attempts.read(bucket_run.pulled)]
+    assert len(reasons) == 3, reasons
+    assert reasons[1].startswith("job uerl-bucket-1 FAILED"), reasons  # the learner lost
+    assert reasons[2].startswith("the Ray head was lost"), reasons
+
+
+def test_the_bucket_holds_every_iteration_once_and_only_whole_checkpoints(
+    bucket_run: BucketRun,
+) -> None:
+    rows = (bucket_run.pulled / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == list(range(1, BUCKET_ITERATIONS + 1))
+    stored = bucket_run.stored
+    names = {k.split("/")[1] for k in stored if k.startswith("checkpoints/checkpoint_")}
+    assert names
+    for name in names:
+        assert f"checkpoints/{name}/uerl.json" in stored, name
+    assert not [k for k in stored if ".partial-" in k]
+
+
+def test_a_wrong_bucket_and_wrong_keys_are_refused_at_start_naming_the_field(
+    bucket_run: BucketRun,
+) -> None:
+    bucket, keys = bucket_run.refused["bucket"], bucket_run.refused["keys"]
+    assert bucket.startswith("exit 2: ") and "runs.s3.bucket: bucket 'no-such-runs'" in bucket
+    assert keys.startswith("exit 2: ") and "runs.s3.credentials_secret:" in keys
+    assert "Traceback" not in bucket + keys
 
 
 # ---- e. NetworkPolicies --------------------------------------------------------------
