@@ -92,6 +92,18 @@ def test_missing_custom_resource_names_expected_and_available(
     assert elapsed < BOUND_S
 
 
+def test_a_run_told_to_wait_for_nodes_looks_again_until_the_wait_is_over(
+    cluster: LocalRayCluster, game: str
+) -> None:
+    # A supervised attempt on a new head waits for its workers to rejoin (the real-pods
+    # tier deletes the head); nodes that never come give the same error, after the wait.
+    message, elapsed = timed_failure(
+        endpoints_for(cluster, game, custom_resource="ue_game"), timeout_s=10, nodes_wait_s=5
+    )
+    assert "custom resource 'ue_game': expected at least 2" in message
+    assert 5 <= elapsed < BOUND_S
+
+
 def test_fewer_custom_resource_units_than_env_runners_fails(
     cluster: LocalRayCluster, game: str
 ) -> None:

@@ -115,7 +115,9 @@ def test_a_run_whose_head_is_lost_is_submitted_again_saying_why() -> None:
     sup, lines = supervisor(head, clock)
     assert sup.run() == 0
     first, second = head.submitted
-    assert first["entrypoint"] == "uerl train --run-name r1 --resume auto --iterations 100"
+    assert first["entrypoint"] == (
+        "uerl train --run-name r1 --resume auto --wait-for-nodes 600 --iterations 100"
+    )
     assert second["submission_id"] == "uerl-r1-2"
     env = second["runtime_env"]["env_vars"]
     assert env["UERL_ATTEMPT"] == "2"
@@ -130,6 +132,18 @@ def test_a_failed_job_is_submitted_again() -> None:
     assert sup.run() == 0
     reason = head.submitted[1]["runtime_env"]["env_vars"]["UERL_ATTEMPT_REASON"]
     assert reason == "job uerl-r1-1 FAILED: " + head.failed_message
+
+
+def test_the_reason_leaves_out_rays_pointer_to_the_log() -> None:
+    head = Head({"uerl-r1-1": ["FAILED"], "uerl-r1-2": ["SUCCEEDED"]})
+    head.failed_message = (
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to "
+        "20,000 chars):"
+    )
+    sup, _ = supervisor(head, Clock())
+    assert sup.run() == 0
+    reason = head.submitted[1]["runtime_env"]["env_vars"]["UERL_ATTEMPT_REASON"]
+    assert reason == "job uerl-r1-1 FAILED: Job entrypoint command failed with exit code 1"
 
 
 def test_a_job_that_failed_on_bad_input_is_not_submitted_again() -> None:

@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from training.commands.arg_types import int_in, positive_float, positive_int, probability
+from training.commands.arg_types import (
+    int_in,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    probability,
+)
 from training.commands.writable import check_writable_dir
 from training.policies.configurations import (
     CONFIGURATIONS,
@@ -165,6 +171,15 @@ def _add_console_args(group: argparse._ArgumentGroup) -> None:
     """How long the start may take, and what reaches the console."""
     group.add_argument("--preflight-timeout", type=positive_float, default=30.0, metavar="S")
     group.add_argument(
+        "--wait-for-nodes",
+        type=non_negative_float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for Ray nodes offering the env runners' and learners' "
+        "resources before refusing to start (default 0: refuse at once; `uerl submit "
+        "--supervise` waits 600 for a new head's workers to rejoin it)",
+    )
+    group.add_argument(
         "--verbose",
         action="store_true",
         help="also print Ray's and RLlib's own output (default: only to <run-dir>/logs/ray.log)",
@@ -296,6 +311,7 @@ def options_from_args(
         ),
         seed=args.seed,
         preflight_timeout_s=args.preflight_timeout,
+        nodes_wait_s=args.wait_for_nodes,
         request_timeout_s=args.request_timeout,
         fault_wait_s=args.fault_wait,
         game_down_limit_s=args.game_down_limit,

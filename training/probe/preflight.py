@@ -154,6 +154,8 @@ def gcs_handshake(address: str, *, timeout_s: float) -> None:
 # What Ray Client's proxy answers when the server process for a new driver died at start.
 CLIENT_SERVER_FAILED = "Starting Ray client server failed"
 CLIENT_RETRY_DELAY_S = 1.0
+# How often a run waiting for nodes (--wait-for-nodes) looks at them again.
+NODES_POLL_S = 2.0
 
 
 def connect_ray(
@@ -387,8 +389,11 @@ def preflight(
     timeout_s: float = 30.0,
     ray_address: str | None = None,
     runtime_env: dict[str, Any] | None = None,
+    nodes_wait_s: float = 0.0,
 ) -> PreflightReport:
     """Connect to Ray (if not connected), check resources and the discovery endpoint.
+    `nodes_wait_s`: how long the nodes may take to offer what the run needs (a new head's
+    workers rejoining it) before the shortfall is an error; 0 says it at once.
 
     Leaves Ray connected for the caller (the driver builds the algorithm next);
     the caller owns `ray.shutdown()`.
@@ -403,13 +408,23 @@ def preflight(
     start = time.monotonic()
     address = ray_address or endpoints.ray.gcs_address
     connect_ray(address, timeout_s=timeout_s, runtime_env=runtime_env)
-    rooms = node_rooms(
-        endpoints.custom_resource,
-        learner_resource=endpoints.learner_custom_resource,
-        timeout_s=timeout_s,
-    )
-    placement = check_resources(endpoints, rooms)
-    remaining = max(1.0, timeout_s - (time.monotonic() - start))
+    waiting_from = time.monotonic()
+    while True:
+        rooms = node_rooms(
+            endpoints.custom_resource,
+            learner_resource=endpoints.learner_custom_resource,
+            timeout_s=timeout_s,
+        )
+        try:
+            placement = check_resources(endpoints, rooms)
+            break
+        except PreflightError:
+            if time.monotonic() - waiting_from >= nodes_wait_s:
+                raise
+            time.sleep(NODES_POLL_S)
+    # The discovery check gets what the timeout has left, the wait for nodes aside.
+    nodes_waited = time.monotonic() - waiting_from
+    remaining = max(1.0, timeout_s - (time.monotonic() - start - nodes_waited))
     check_discovery(endpoints, timeout_s=remaining)
     return PreflightReport(
         ray_address=address,

@@ -17,6 +17,7 @@ def connect(
     *,
     timeout_s: float,
     ray_address: str | None,
+    nodes_wait_s: float = 0.0,
 ) -> PreflightReport:
     """Preflight (Ray connected with the console's runtime env, resources and the
     discovery game checked), then the workers' output captured as the console says."""
@@ -27,6 +28,7 @@ def connect(
         timeout_s=timeout_s,
         ray_address=ray_address,
         runtime_env=console.runtime_env(ray_address or endpoints.ray.gcs_address),
+        nodes_wait_s=nodes_wait_s,
     )
     console.capture_worker_output()
     return report

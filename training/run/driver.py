@@ -127,6 +127,7 @@ def _run_training(
             console,
             timeout_s=options.preflight_timeout_s,
             ray_address=options.ray_address,
+            nodes_wait_s=options.nodes_wait_s,
         )
         stop.reinstall()
         log(report.summary())

@@ -36,6 +36,9 @@ class TrainOptions(BaseModel):
     hparams: dict[str, Any]
     seed: int | None = None
     preflight_timeout_s: float = Field(default=30.0, gt=0)
+    # How long the start may wait for nodes offering what the run needs (a supervised
+    # attempt on a new head waits for the workers to rejoin it); 0: refuse at once.
+    nodes_wait_s: float = Field(default=0.0, ge=0)
     # Per game RPC: how long a hung game can hold up its env runner.
     request_timeout_s: float = Field(default=5.0, gt=0)
     # While a game is down, each sample() of its runner waits at most this for it.

@@ -40,6 +40,7 @@ HEAD_WAIT_S = 1800.0
 RESTART_DELAY_S = 10.0
 CALL_TIMEOUT_S = 60.0
 MAX_RESTARTS = 10
+NODES_WAIT_S = 600
 
 
 class SuperviseClient(Protocol):
@@ -144,9 +145,12 @@ class Supervisor:
         return f"uerl-{self.run_name}-{attempt}"
 
     def entrypoint(self) -> str:
+        # On a new head the workers rejoin within a minute or two: the attempt waits for
+        # them rather than failing (the user's own flags, after, may say otherwise).
         return shlex.join(
-            ["uerl", "train", "--run-name", self.run_name, "--resume", "auto", *self.train_args]
-        )
+            ["uerl", "train", "--run-name", self.run_name, "--resume", "auto",
+             "--wait-for-nodes", str(NODES_WAIT_S), *self.train_args]
+        )  # fmt: skip
 
     def _submit(self, attempt: int, reason: str) -> str:
         job_id = self.job_id(attempt)
@@ -284,4 +288,7 @@ class Supervisor:
         with contextlib.suppress(Exception):  # best effort: the log says why too
             info = self._call(lambda api: api.get_job_info(job_id))
             message = (str(info.message or "").strip().splitlines() or [""])[0]
+            # Ray's "..., last available logs (truncated to 20,000 chars):" leads nowhere
+            # here: the attempt's log is above.
+            message = message.split(", last available logs")[0].rstrip(":")
         return f"job {job_id} FAILED" + (f": {message}" if message else "")
