@@ -22,7 +22,7 @@ from infra.topology import Topology
 from training.commands.runs import main as runs_main
 from training.commands.runs import table
 from training.run import checkpoints
-from training.runs.claim_reader import ClaimRuns, exit_code
+from training.runs.claim_reader import LOST, ClaimRuns, exit_code
 from training.runs.transfer import Progress, into_place
 from training.runstore import listing
 from training.runstore.location import RunStorageError
@@ -251,6 +251,7 @@ def test_the_exec_status_gives_the_commands_exit_code() -> None:
     assert exit_code(json.dumps(failure).encode()) == 2
     # The runtime could not start the command at all (no `uerl` in the image).
     assert exit_code(b'{"status": "Failure", "message": "executable file not found"}') == 126
+    assert exit_code(b"") == LOST  # the connection ended first
 
 
 def test_list_prints_a_table_and_json_of_a_directorys_runs(

@@ -582,18 +582,30 @@ def _supervisor_log(cp: ControlPlane, job: str) -> str:
     return done.stdout + done.stderr
 
 
-WRITTEN = re.compile(r"^checkpoint_\d+ written: ([\d.]+) MiB in ([\d.]+) s$", re.M)
+WRITTEN = re.compile(
+    r"^checkpoint_\d+ written: ([\d.]+) MiB in ([\d.]+) s \(RLlib's state [\d.]+ s, "
+    r"storing ([\d.]+) s\)$",
+    re.M,
+)
 
 
 def _checkpoint_figures(figures: Figures, run: str, log: str) -> None:
     """What storing cost the run: each checkpoint's size and time to write, against the
     time of an iteration (the progress lines' `time_s`)."""
-    written = sorted((float(s), float(mib)) for mib, s in WRITTEN.findall(log))
+    written = WRITTEN.findall(log)
     took = sorted(float(t) for t in re.findall(r"\|\s+([\d.]+)s(?: \||$)", log, re.M))
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
     if written and took:
-        figures[f"{run}: checkpoint MiB"] = max(m for _, m in written)
-        figures[f"{run}: checkpoint write s (median)"] = written[len(written) // 2][0]
-        figures[f"{run}: iteration s (median)"] = took[len(took) // 2]
+        figures[f"{run}: checkpoint MiB"] = max(float(m) for m, _, _ in written)
+        figures[f"{run}: checkpoint s, median"] = median([float(t) for _, t, _ in written])
+        figures[f"{run}: of it storing s, median"] = median([float(s) for _, _, s in written])
+        figures[f"{run}: iteration s, median"] = median(took)
+    uploaded = re.findall(r"stored in s3://\S+ \(([\d.]+) MiB uploaded in ([\d.]+) s", log)
+    if uploaded:
+        figures[f"{run}: upload to the bucket s, median"] = median([float(t) for _, t in uploaded])
 
 
 @pytest.fixture(scope="module")
@@ -679,7 +691,7 @@ def test_the_resumed_run_keeps_improving(supervised_run: SupervisedRun) -> None:
     assert max(returns[HEAD_LOST_AT:]) >= 1.5 * returns[0], returns
 
 
-# ---- the same in a bucket: a learner pod and the head lost, the store gone for 30 s ------
+# ---- the same in a bucket: a learner pod lost, the store gone for 30 s, a new image ------
 
 BUCKET = "runs"
 BUCKET_RUN = "bucket"
@@ -696,6 +708,15 @@ class BucketRun:
     refused: dict[str, str]  # uerl train's refusals at start, by what was wrong
 
 
+def _ready_head_with(cp: ControlPlane, variable: str) -> bool:
+    """A Running and Ready head pod whose Ray container has `variable` in its env."""
+    return any(
+        running_and_ready(pod)
+        and any(e["name"] == variable for e in pod["spec"]["containers"][0].get("env", []))
+        for pod in ray_pods(cp, "headgroup")
+    )
+
+
 @pytest.fixture(scope="module")
 def object_store() -> Iterator[ObjectStore]:
     """SeaweedFS beside the node, as a team's store beside its cluster: on the address
@@ -707,6 +728,8 @@ def object_store() -> Iterator[ObjectStore]:
 @pytest.fixture(scope="module")
 def bucket_run(
     node_control_plane: ControlPlane,
+    node: Node,
+    images: dict[str, str],
     project: PulumiProject,
     supervised_run: SupervisedRun,  # the claim's scenarios first: the claim goes with this
     object_store: ObjectStore,
@@ -722,6 +745,9 @@ def bucket_run(
                         ("topology.runs.s3.credentials_secret", RUN_KEYS)):  # fmt: skip
         project.config_set("dev", path, value)
     _config_up(project, "topology.runs.store", "s3")
+    # KubeRay recreates the Ray pods for the new template after `pulumi up` returns: the
+    # head that has the store's keys.
+    cp.wait_until(lambda: _ready_head_with(cp, "AWS_ACCESS_KEY_ID"), 600, "a head with the keys")
     work = tmp_path_factory.mktemp("bucket")
     endpoints = work / "endpoints.json"
     write_json(endpoints, project.outputs("dev")["endpoints"])
@@ -767,7 +793,23 @@ def bucket_run(
     assert time.monotonic() - started >= 30
     cp.wait_until(lambda: last_iteration() >= before + 3, 900, "iterations after the pause",
                   interval_s=3)  # fmt: skip
-    cp.kubectl("delete", "pod", "-n", NAMESPACE, head_pod(cp), "--wait=false")
+    # c. `pulumi up` with a new Ray image while it trains: KubeRay recreates every Ray pod
+    # (upgradeStrategy Recreate), the head with them. The same image under a new tag.
+    new_image = f"{images['ray']}-next"
+    node.ctr("-n", "k8s.io", "images", "tag", "--force", images["ray"], new_image)
+    upgraded = time.monotonic()
+    _config_up(project, "topology.ray.image", new_image)
+    cp.wait_until(
+        lambda: bool(progress(lines_after(_supervisor_log(cp, job), "uerl-bucket-3 ("))),
+        900, "an iteration on the new image's pods", interval_s=3,
+    )  # fmt: skip
+    figures["bucket: pulumi up (new image) -> next iteration, s"] = round(
+        time.monotonic() - upgraded
+    )
+    images_now = {
+        c["image"] for p in ray_pods(cp) for c in p["spec"]["containers"] if c["name"] == "ray-head"
+    }
+    assert images_now == {new_image}, images_now
 
     def finished() -> bool:
         status = cp.kubectl("get", "job", "-n", NAMESPACE, job, "-o",
@@ -788,13 +830,13 @@ def bucket_run(
     return BucketRun(job, log, work / BUCKET_RUN, stored, refused)
 
 
-def test_a_bucket_run_carries_on_after_a_learner_pod_and_then_the_head_are_lost(
+def test_a_bucket_run_carries_on_after_a_learner_pod_is_lost_and_an_up_with_a_new_image(
     bucket_run: BucketRun,
 ) -> None:
     assert progress(bucket_run.log)[-1].iteration == BUCKET_ITERATIONS, bucket_run.log[-6000:]
     reasons = [a["reason"] for a in attempts.read(bucket_run.pulled)]
-    # The learner lost fails the job; the head lost loses it. (An attempt the cluster was
-    # not ready for would add a FAILED one between: there is none with --wait-for-nodes.)
+    # The learner lost fails the job; the new image's pods lose it with the head. (An
+    # attempt the cluster was not ready for would add a FAILED one: --wait-for-nodes.)
     assert len(reasons) == 3, reasons
     assert reasons[1].startswith("job uerl-bucket-1 FAILED"), reasons
     assert reasons[2].startswith("the Ray head was lost"), reasons

@@ -10,6 +10,7 @@ algorithm, `game.json` (the game's agents and named spaces) so `uerl eval` and
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -58,13 +59,19 @@ def save(
     *,
     game: GameSpec | None = None,
     league: League | None = None,
+    timings: dict[str, float] | None = None,
 ) -> Path:
+    """`timings`, when given, gets `state_s` (RLlib gathering and writing the
+    algorithm's state) and `total_s` (that, and making the checkpoint whole and named)."""
+    started = time.monotonic()
     path = directory / f"checkpoint_{meta.iteration:06d}"
     atomic.remove_leftovers(directory)  # of a save a lost pod or a full volume cut short
     # Filled under a hidden name, then renamed: a checkpoint is whole or absent, and
     # `latest` (renamed over last) never names one that is not whole.
     with atomic.directory(path) as partial:
+        state_started = time.monotonic()
         algo.save_to_path(str(partial.resolve()))
+        state_s = time.monotonic() - state_started
         partial.mkdir(exist_ok=True)
         (partial / META).write_text(json.dumps(asdict(meta)))
         if game is not None:
@@ -72,6 +79,8 @@ def save(
         if league is not None:
             (partial / LEAGUE).write_text(league.to_json())
     atomic.write_text(directory / LATEST, path.name)
+    if timings is not None:
+        timings.update(state_s=state_s, total_s=time.monotonic() - started)
     return path
 
 

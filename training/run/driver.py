@@ -293,10 +293,10 @@ def _loop(
             metrics.write_csv(options.run_dir / CSV_NAME, rows)
             tensorboard.write(row, train_result, board.fresh_reports())
             if row.iteration % options.checkpoint_every == 0:
-                started = time.monotonic()
-                result.checkpoint = _save(algo, options, row, game, league)
+                timings: dict[str, float] = {}
+                result.checkpoint = _save(algo, options, row, game, league, timings)
                 last_saved = row.iteration
-                log(_saved_line(result.checkpoint, time.monotonic() - started))
+                log(_saved_line(result.checkpoint, timings))
             store()
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
@@ -441,10 +441,15 @@ class _Pause:
             self.since = None
 
 
-def _saved_line(path: Path, seconds: float) -> str:
-    """`checkpoint_000004 written: 3.1 MiB in 0.42 s`: what a checkpoint costs, each time."""
+def _saved_line(path: Path, timings: dict[str, float]) -> str:
+    """`checkpoint_000004 written: 3.1 MiB in 0.42 s (RLlib's state 0.40 s, storing
+    0.02 s)`: what a checkpoint costs, and how much of it is the run storage's."""
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    return f"{path.name} written: {size / 2**20:.1f} MiB in {seconds:.2f} s"
+    total, state = timings["total_s"], timings["state_s"]
+    return (
+        f"{path.name} written: {size / 2**20:.1f} MiB in {total:.2f} s "
+        f"(RLlib's state {state:.2f} s, storing {total - state:.2f} s)"
+    )
 
 
 def _save(
@@ -453,6 +458,7 @@ def _save(
     row: metrics.IterationRow,
     game: GameSpec | None,
     league: LeagueDriver | None = None,
+    timings: dict[str, float] | None = None,
 ) -> Path:
     from training.rllib.algorithm import path_of
 
@@ -465,7 +471,12 @@ def _save(
         env_runner=path_of(algo.config),
     )
     return checkpoints.save(
-        algo, options.checkpoint_dir, meta, game=game, league=league.league if league else None
+        algo,
+        options.checkpoint_dir,
+        meta,
+        game=game,
+        league=league.league if league else None,
+        timings=timings,
     )
 
 

@@ -28,6 +28,7 @@ from training.submit.submit_error import CLUSTER_UNUSABLE, SubmitError
 STDOUT, STDERR, STATUS = 1, 2, 3
 # The longest silence of a pack in progress: the pod reads files and sends as it goes.
 SILENCE_S = 120.0
+LOST = -1  # exit_code(): the exec's connection ended before its status
 
 # (pod, command) -> a running exec in the pod's Ray container, as kubernetes.stream
 # returns it (is_open, update, read_channel, close).
@@ -47,9 +48,12 @@ def claim_root(endpoints: Endpoints) -> str:
 
 def exit_code(status: bytes) -> int:
     """The exec's end from its status channel (a Status object): 0, the command's exit
-    code, or 126 when it never ran (no such executable)."""
+    code, 126 when it never ran (no such executable), or LOST when no status came (the
+    connection ended first)."""
+    if not status.strip():
+        return LOST
     try:
-        parsed = json.loads(status or b"{}")
+        parsed = json.loads(status)
     except ValueError:
         return 126
     if parsed.get("status") == "Success":
@@ -174,6 +178,13 @@ class ClaimRuns:
         if result.code == 0:
             return
         said = [line for line in result.stderr.splitlines() if line.strip()]
+        if result.code == LOST:
+            raise SubmitError(
+                f"{doing}: the connection to the Ray head pod {self.head.current} ended "
+                "before the command did (the pod replaced, or the API server restarted); "
+                "try again",
+                CLUSTER_UNUSABLE,
+            )
         if result.code == 126 and not said:
             raise SubmitError(
                 f"{doing}: the Ray head pod {self.head.current} cannot run `uerl` (is its "

@@ -264,6 +264,7 @@ class Mirror:
 
         if self._s3 is None:
             self._s3 = self.location.filesystem()
+        started, sent = time.monotonic(), 0
         for relative, stamp in self._changed():
             if stamp is None:
                 continue
@@ -275,3 +276,11 @@ class Mirror:
             self._uploaded[relative] = stamp
             self.uploads += 1
             self.bytes += stamp[0]
+            sent += stamp[0]
+            if relative == f"{CHECKPOINTS}/{LATEST}":  # uploaded last: its checkpoint is whole
+                name = (self.local / relative).read_text().strip()
+                self.log(
+                    f"run storage: {name} stored in {self.location.uri(self.run_name)} "
+                    f"({sent / 2**20:.1f} MiB uploaded in {time.monotonic() - started:.2f} s, "
+                    "beside the training)"
+                )
