@@ -33,6 +33,7 @@ from training.runstore.location import FIELD, RunStorageError
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 10.0
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 15.0
+CLOSING_ROUNDS = 3
 
 Log = Callable[[str], None]
 
@@ -193,10 +194,10 @@ class Mirror:
         self._thread.join(timeout_s)
         pending = self.pending()
         if pending:
+            why = self.last_error or "still changing at the end: " + ", ".join(pending[:3])
             self.log(
                 f"run storage: {len(pending)} file(s) of {self.local} not stored in "
-                f"{self.location.uri(self.run_name)} ({self.last_error}); they stay on this "
-                "machine"
+                f"{self.location.uri(self.run_name)} ({why}); they stay on this machine"
             )
         return not pending
 
@@ -209,6 +210,7 @@ class Mirror:
 
     def _run(self) -> None:
         delay = RETRY_FIRST_S
+        last_rounds = 0  # rounds since close(): files still changing get a few more
         while True:
             self._wanted.wait(timeout=None if not self._closing.is_set() else 0)
             self._wanted.clear()
@@ -225,7 +227,12 @@ class Mirror:
             self._came_back()
             self._idle.set()
             if self._closing.is_set():
-                return
+                # A file written while the round ran (Ray's log, flushed at shutdown)
+                # goes in another round; a file that never stops changing, not forever.
+                last_rounds += 1
+                if not self.pending() or last_rounds >= CLOSING_ROUNDS:
+                    return
+                self._wanted.set()
 
     def _went_down(self, exc: OSError) -> None:
         self.last_error = explain(exc, self.location)
