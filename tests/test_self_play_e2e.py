@@ -89,9 +89,10 @@ def test_the_learner_beats_a_random_player(trained: LocalRun) -> None:
     # Random against random scores 0 net by symmetry. A Sumo bout that runs out of time is
     # a draw, and how many end so varies run to run, so the measure is the net score and
     # the losses. Six runs of this configuration (`make bench-self-play`, seeds 1-5 and 1
-    # again): net 77 to 94, median 91, never a loss; CI's lowest, beside the Kubernetes
-    # tier, 77. The bar sits under the lowest seen by about the spread of the runs.
-    assert results["wins"] - results["losses"] >= 60, results
+    # again): net 77 to 94, median 91, never a loss. Beside the Kubernetes tier it is lower:
+    # 77 in one CI run, 58 (42 draws, no loss) in one beside the tier's longer real-pod
+    # module. The bar sits under the lowest seen, as the snapshot's does.
+    assert results["wins"] - results["losses"] >= 45, results
     assert results["losses"] <= 5, results
 
 

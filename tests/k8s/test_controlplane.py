@@ -43,6 +43,7 @@ def test_dev_stack_is_reconciled(control_plane: ControlPlane) -> None:
     assert kinds == [
         "Namespace",
         "NetworkPolicy",
+        "NetworkPolicy",  # the run supervisors' way to the head's job API
         "PersistentVolumeClaim",  # the runs'
         "ConfigMap",
         "RayCluster",

@@ -115,7 +115,9 @@ def test_a_game_is_reached_by_its_own_stacks_ray_pods_only(
         cp, *_stack(ns, "b", "pattern=networked", "simulator.kind=mock", create_namespace=False)
     )
     policies = cp.get_json("networkpolicies", "-n", ns)["items"]
-    assert {p["metadata"]["name"] for p in policies} == {"a-ray", "a-ue", "b-ray", "b-ue"}
+    assert {p["metadata"]["name"] for p in policies} == {
+        "a-ray", "a-ue", "a-ray-head-supervisor", "b-ray", "b-ue", "b-ray-head-supervisor",
+    }  # fmt: skip
     pods = _pods(cp, ns)
     games = [p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/name") == "ue"]
     assert len(games) == 6  # two stacks x (2 workers + discovery)
