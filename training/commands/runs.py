@@ -131,10 +131,7 @@ def _store(args: argparse.Namespace) -> Any:
     from training.submit import stack_endpoints
     from training.submit.submit_error import BAD_INPUT, SubmitError
 
-    if args.endpoints is not None:
-        endpoints = stack_endpoints.endpoints_from_file(args.endpoints)
-    else:
-        endpoints = stack_endpoints.endpoints_from_stack(args.stack)
+    endpoints = stack_endpoints.endpoints_from(args.endpoints, args.stack)
     if endpoints.runs is None:
         raise SubmitError(
             "the endpoints name no run storage (`runs`): the stack predates it; "

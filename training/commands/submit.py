@@ -181,10 +181,7 @@ def _supervise(args: argparse.Namespace, command: list[str]) -> int:
     from training.submit import head, stack_endpoints, supervisor_job
     from training.submit.submit_error import BAD_INPUT, CLUSTER_UNUSABLE, SubmitError
 
-    if args.endpoints is not None:
-        endpoints = stack_endpoints.endpoints_from_file(args.endpoints)
-    else:
-        endpoints = stack_endpoints.endpoints_from_stack(args.stack)
+    endpoints = stack_endpoints.endpoints_from(args.endpoints, args.stack)
     if endpoints.runs is None:
         raise SubmitError(
             "--supervise: the endpoints name no run storage (`runs`), where every attempt "
@@ -237,10 +234,7 @@ def _supervise(args: argparse.Namespace, command: list[str]) -> int:
 def _submit(args: argparse.Namespace, command: list[str]) -> int:
     from training.submit import head, job, port_forward, stack_endpoints
 
-    if args.endpoints is not None:
-        endpoints = stack_endpoints.endpoints_from_file(args.endpoints)
-    else:
-        endpoints = stack_endpoints.endpoints_from_stack(args.stack)
+    endpoints = stack_endpoints.endpoints_from(args.endpoints, args.stack)
     port = stack_endpoints.dashboard_port(endpoints)
     api = head.kube_api_client(args.kubeconfig, args.context)
     finder = head.HeadFinder(endpoints, head.kube_pod_lister(api))

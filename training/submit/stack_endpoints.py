@@ -61,6 +61,14 @@ def endpoints_from_stack(stack: str, *, cwd: str | Path | None = None) -> Endpoi
         raise SubmitError(str(exc), BAD_INPUT) from None
 
 
+def endpoints_from(file: str | Path | None, stack: str | None) -> Endpoints:
+    """The endpoints of `--endpoints FILE`, else of `--stack NAME` (one is given)."""
+    if file is not None:
+        return endpoints_from_file(file)
+    assert stack is not None  # argparse: one of the two is required
+    return endpoints_from_stack(stack)
+
+
 def dashboard_port(endpoints: Endpoints) -> int:
     """The head's dashboard (job API) port: the port of `ray.dashboard_url`; the pod
     serves it on the same port as the head Service (KubeRay's)."""
