@@ -54,6 +54,11 @@ class RayAddresses(BaseModel):
     dashboard_url: str = Field(description="Ray dashboard / job submission URL")
     client_address: str = Field(description="Ray client address, ray://host:10001")
     gcs_address: str = Field(description="GCS address host:port, for `ray.init(address=...)`")
+    token_secret: str | None = Field(
+        default=None,
+        description="the Secret (in `namespace`, key `auth_token`) holding the token the "
+        "dashboard, job API and GCS ask for; None: they ask for none",
+    )
 
 
 class Resources(BaseModel):

@@ -51,6 +51,11 @@ JOB_STOP_GRACE_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 # lost head) carry this app name and the stack's instance label; the stack's
 # NetworkPolicies let them reach the head's job API, nothing else.
 SUPERVISOR_APP = "uerl-supervisor"
+# Ray's token authentication (Ray >= 2.52, KubeRay >= 1.5): the variable every Ray
+# process and client reads the token from, and the Secret's key KubeRay reads it under.
+RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+RAY_AUTH_TOKEN_KEY = "auth_token"
+RAY_AUTH_MIN_VERSION = (2, 52, 0)
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -461,8 +466,26 @@ class HeadSpec(RayGroupSpec):
     memory: Quantity = "4Gi"
 
 
+class RayAuthSpec(_Spec):
+    """Who may call Ray's dashboard, job API and GCS (KubeRay's `authOptions`)."""
+
+    # `token`: every call needs the token (Ray's token authentication, Ray >= 2.52,
+    # KubeRay >= 1.5); `disabled`: open to whoever reaches the head's ports (the
+    # NetworkPolicies narrow who; `security.allowed_cidrs` then must stay empty).
+    mode: Literal["token", "disabled"] = "token"
+    # A Secret of yours holding the token under the key `auth_token`. None: KubeRay
+    # makes one named as the RayCluster (32 random bytes, deleted with the cluster).
+    secret_name: SecretName | None = None
+
+    @model_validator(mode="after")
+    def _secret_needs_token(self) -> RayAuthSpec:
+        if self.mode == "disabled" and self.secret_name is not None:
+            raise FieldError(("secret_name",), "ray.auth.mode is 'disabled': no token is asked for")
+        return self
+
+
 class RaySpec(_Spec):
-    """The Ray cluster (KubeRay RayCluster): its version, image and head."""
+    """The Ray cluster (KubeRay RayCluster): its version, image, head and who may call it."""
 
     # Ray version of the cluster; must equal the training package's pin.
     version: Text = Field(default=RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
@@ -470,9 +493,22 @@ class RaySpec(_Spec):
     # installed). None: `uerl/ray:<version>-py311-cpu` (docker/ray.Dockerfile).
     image: Text | None = None
     head: HeadSpec = HeadSpec()
+    auth: RayAuthSpec = RayAuthSpec()
     # How long `pulumi up` gives KubeRay to create the Ray pods and `ray start`
     # to join, after the images are pulled (and sidecar games answer).
     start_timeout_s: int = Field(default=300, ge=10, le=7200)
+
+    @model_validator(mode="after")
+    def _token_needs_a_recent_ray(self) -> RaySpec:
+        found = tuple(int(part) for part in self.version.split("."))
+        if self.auth.mode == "token" and found < RAY_AUTH_MIN_VERSION:
+            least = ".".join(map(str, RAY_AUTH_MIN_VERSION))
+            raise FieldError(
+                ("auth", "mode"),
+                f"token authentication needs Ray >= {least} (ray.version is "
+                f"{self.version}): set ray.auth.mode 'disabled', or a newer ray.version",
+            )
+        return self
 
     @property
     def image_ref(self) -> str:
@@ -919,6 +955,17 @@ class Topology(_Spec):
         return self
 
     @model_validator(mode="after")
+    def _no_open_api_beyond_the_stack(self) -> Topology:
+        if self.security.allowed_cidrs and self.ray.auth.mode == "disabled":
+            raise FieldError(
+                ("security", "allowed_cidrs"),
+                "would let those addresses reach Ray's job API and GCS with no token "
+                "(ray.auth.mode is 'disabled'): set ray.auth.mode 'token', or leave "
+                "allowed_cidrs empty",
+            )
+        return self
+
+    @model_validator(mode="after")
     def _pod_fields_have_a_pod(self) -> Topology:
         # A field that places no pod would be ignored without a word.
         games = self.simulator.pod_fields_set()
@@ -962,6 +1009,14 @@ class Topology(_Spec):
     @property
     def head_service_host(self) -> str:
         return f"{self.name}-head-svc.{self.namespace}.svc.cluster.local"
+
+    @property
+    def ray_token_secret(self) -> str | None:
+        """The Secret holding the token Ray's API and GCS ask for; None: no token."""
+        if self.ray.auth.mode == "disabled":
+            return None
+        # KubeRay names the Secret it makes after the RayCluster.
+        return self.ray.auth.secret_name or self.name
 
     @property
     def claim_name(self) -> str:
@@ -1081,6 +1136,7 @@ class Topology(_Spec):
                 dashboard_url=f"http://{head}:{DASHBOARD_PORT}",
                 client_address=f"ray://{head}:{CLIENT_PORT}",
                 gcs_address=f"{head}:{GCS_PORT}",
+                token_secret=self.ray_token_secret,
             ),
             discovery_endpoint=discovery,
             worker_url_template=template,

@@ -23,6 +23,30 @@ class FakeKubeAPI:
     pod_ports: dict[str, int]  # pod name -> the local TCP port its port-forward reaches
     asked: list[str] = field(default_factory=list)  # request paths, in order
     url: str = ""
+    # Secret name -> its `data` (values base64), as the API serves them; a name missing
+    # is a 404. `secrets_status`: answer every Secret read with this status instead (403:
+    # the caller may not read secrets).
+    secrets: dict[str, dict[str, str]] = field(default_factory=dict)
+    secrets_status: int = 200
+
+    async def _read_secret(self, request: web.Request) -> web.Response:
+        self.asked.append(str(request.rel_url))
+        name = request.match_info["name"]
+        status = self.secrets_status if self.secrets_status != 200 else None
+        if status is None and name not in self.secrets:
+            status = 404
+        if status is not None:
+            message = f'secrets "{name}" is forbidden' if status == 403 else f'"{name}" not found'
+            return web.json_response(
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                 "message": message, "code": status},
+                status=status,
+            )  # fmt: skip
+        return web.json_response(
+            {"kind": "Secret", "apiVersion": "v1",
+             "metadata": {"name": name, "namespace": request.match_info["ns"]},
+             "data": self.secrets[name]}
+        )  # fmt: skip
 
     async def _list_pods(self, request: web.Request) -> web.Response:
         self.asked.append(str(request.rel_url))
@@ -67,6 +91,7 @@ def serving(api: FakeKubeAPI) -> Iterator[FakeKubeAPI]:
     app = web.Application()
     app.router.add_get("/api/v1/namespaces/{ns}/pods", api._list_pods)
     app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/portforward", api._portforward)
+    app.router.add_get("/api/v1/namespaces/{ns}/secrets/{name}", api._read_secret)
     runner = web.AppRunner(app)
     listener = socket.create_server(("127.0.0.1", 0))
     api.url = f"http://127.0.0.1:{listener.getsockname()[1]}"

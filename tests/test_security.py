@@ -219,6 +219,62 @@ def test_bad_security_input_names_the_field(security: dict[str, Any], message: s
     assert "topology.security." in str(err.value)
 
 
+# ---- Ray behind a token ---------------------------------------------------------------
+
+
+def _raycluster(data: dict[str, Any]) -> dict[str, Any]:
+    return next(o for o in build(data).objects() if o["kind"] == "RayCluster")
+
+
+def test_rays_api_and_gcs_ask_for_a_token_from_kuberays_secret_by_default() -> None:
+    assert _raycluster({})["spec"]["authOptions"] == {"mode": "token"}
+    # KubeRay names the Secret it makes after the RayCluster; the endpoints say so.
+    assert Topology().endpoints().ray.token_secret == "uerl"
+
+
+def test_a_token_secret_of_the_users_is_given_to_kuberay_and_named_in_the_endpoints() -> None:
+    data = {"ray": {"auth": {"secret_name": "team-ray-token"}}}
+    assert _raycluster(data)["spec"]["authOptions"] == {
+        "mode": "token",
+        "secretName": "team-ray-token",
+    }
+    assert Topology.parse(data).endpoints().ray.token_secret == "team-ray-token"
+
+
+def test_the_token_off_renders_no_auth_options_and_names_no_secret() -> None:
+    data = {"ray": {"auth": {"mode": "disabled"}}}
+    assert "authOptions" not in _raycluster(data)["spec"]
+    assert Topology.parse(data).endpoints().ray.token_secret is None
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"ray": {"auth": {"mode": "disabled"}},
+             "security": {"allowed_cidrs": ["10.20.0.0/16"]}},
+            "topology.security.allowed_cidrs: would let those addresses reach Ray's job API "
+            "and GCS with no token (ray.auth.mode is 'disabled')",
+        ),
+        (
+            {"ray": {"version": "2.51.1", "image": "mine/ray:2.51.1"}},
+            "topology.ray.auth.mode: token authentication needs Ray >= 2.52.0 (ray.version is "
+            "2.51.1): set ray.auth.mode 'disabled', or a newer ray.version",
+        ),
+        (
+            {"ray": {"auth": {"mode": "disabled", "secret_name": "t"}}},
+            "topology.ray.auth.secret_name: ray.auth.mode is 'disabled': no token is asked for",
+        ),
+        ({"ray": {"auth": {"mode": "oauth"}}}, "topology.ray.auth.mode: Input should be 'token'"),
+        ({"ray": {"auth": {"secret_name": "Bad_Name"}}}, "topology.ray.auth.secret_name: "),
+    ],
+)  # fmt: skip
+def test_bad_token_input_names_the_field(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(TopologyError) as err:
+        Topology.parse(data)
+    assert message in str(err.value)
+
+
 def test_the_evaluator_refuses_a_policy_feature_it_does_not_model() -> None:
     policy = {
         "metadata": {"namespace": "ns"},

@@ -27,7 +27,7 @@ from fake_kube_api import FakeKubeAPI, serving
 
 from infra.topology import Topology
 from training.commands.submit import main as submit
-from training.submit import head, job, port_forward
+from training.submit import head, job, port_forward, ray_token
 from training.submit.head import HeadFinder, ready_head
 from training.submit.job import CtrlC, Follower
 from training.submit.port_forward import HeadConnection, Relay
@@ -704,6 +704,86 @@ def test_rays_job_client_goes_through_the_relay_whatever_ray_address_or_a_proxy_
     assert os.environ["RAY_ADDRESS"] == "http://127.0.0.1:1" and "no_proxy" not in os.environ
 
 
+def test_rays_job_client_sends_the_token_on_every_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[tuple[str, str | None]] = []
+    server = _json_server(
+        lambda path: {"ray_version": "2.60.0"} if path == "/api/version" else {"logs": ""}, asked
+    )
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # the laptop's Ray asks for none
+    try:
+        with (
+            Relay(lambda: socket.create_connection(server.server_address[:2])) as relay,
+            job.no_proxy_to_the_relay(),
+        ):
+            client = job.connect_client(relay.url, head=lambda: "?", token="t0ken", wait_s=0)
+            client.get_job_logs("s-1")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [header for _, header in asked] == ["Bearer t0ken"] * len(asked) and len(asked) >= 2
+
+
+# ---- the Ray API's token, from the stack's Secret ------------------------------------
+
+TOKEN_SECRET = {"auth_token": "dDBrZW4="}  # base64 of "t0ken"
+
+
+def _read_token(tmp_path: Path, api: FakeKubeAPI, endpoints: Any = ENDPOINTS) -> str | None:
+    with serving(api):
+        client = head.kube_api_client(_kubeconfig(tmp_path / "kubeconfig", api.url), None)
+        return ray_token.read(client, endpoints)
+
+
+def test_the_token_is_read_from_the_secret_the_endpoints_name(tmp_path: Path) -> None:
+    api = FakeKubeAPI([], {}, secrets={"uerl": TOKEN_SECRET})
+    assert ENDPOINTS.ray.token_secret == "uerl"  # KubeRay's Secret, named as the cluster
+    assert _read_token(tmp_path, api) == "t0ken"
+    assert api.asked == ["/api/v1/namespaces/uerl/secrets/uerl"]
+
+
+def test_endpoints_that_name_no_token_secret_read_nothing(tmp_path: Path) -> None:
+    api = FakeKubeAPI([], {})
+    open_api = Topology.parse({"ray": {"auth": {"mode": "disabled"}}}).endpoints()
+    assert _read_token(tmp_path, api, open_api) is None
+    assert api.asked == []
+
+
+def test_a_missing_token_secret_is_bad_input_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(SubmitError) as info:
+        _read_token(tmp_path, FakeKubeAPI([], {}))
+    assert info.value.exit_code == 2
+    assert str(info.value).startswith(
+        "the Ray API's token: no Secret uerl in namespace uerl (endpoints ray.token_secret)."
+    )
+
+
+def test_a_kubeconfig_that_may_not_read_the_secret_is_told_what_it_needs(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(SubmitError) as info:
+        _read_token(tmp_path, FakeKubeAPI([], {}, secrets_status=403))
+    assert info.value.exit_code == 2
+    assert "may not read the Secret uerl in namespace uerl" in str(info.value)
+    assert "`get` on secrets there is needed" in str(info.value)
+    assert 'answered 403 Forbidden: secrets "uerl" is forbidden' in str(info.value)
+
+
+def test_a_secret_without_the_token_key_is_bad_input_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(SubmitError) as info:
+        _read_token(tmp_path, FakeKubeAPI([], {}, secrets={"uerl": {"token": "dDBrZW4="}}))
+    assert info.value.exit_code == 2
+    assert str(info.value).endswith("has no 'auth_token' key holding it")
+
+
+def test_no_token_where_the_job_api_asks_for_one_names_the_endpoints_field() -> None:
+    refusal = RuntimeError("Authentication required: Unauthorized: Missing authentication token")
+    said = job.refused(refusal, None, "")
+    assert said.startswith("the Ray head's job API asks for a token and the endpoints name none")
+    assert "(ray.token_secret)" in said
+
+
 def test_the_entrypoint_is_the_uerl_command_shell_quoted() -> None:
     assert job.entrypoint(["train", "--run-dir", "/runs/a b", "--iterations", "2"]) == (
         "uerl train --run-dir '/runs/a b' --iterations 2"
@@ -723,7 +803,15 @@ def fake_cluster(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(head, "kube_api_client", lambda kubeconfig, context: object())
     monkeypatch.setattr(head, "kube_pod_lister", lambda api: lambda ns, sel: state["pods"])
     monkeypatch.setattr(port_forward, "pod_port_opener", lambda api, ns, port: None)
-    monkeypatch.setattr(job, "connect_client", lambda url, head: state["jobs"])
+    state["token"] = "t0ken"
+    state["sent_token"] = []
+
+    def connect_client(url: str, head: Callable[[], str], **auth: Any) -> Any:
+        state["sent_token"].append(auth.get("token"))
+        return state["jobs"]
+
+    monkeypatch.setattr(ray_token, "read", lambda api, endpoints: state["token"])
+    monkeypatch.setattr(job, "connect_client", connect_client)
     return state
 
 
@@ -739,6 +827,13 @@ def test_submit_runs_the_command_as_a_job_and_streams_it_to_its_end(
     assert "job s-1 submitted to the Ray head pod uerl-head-a (namespace uerl)" in captured.err
 
 
+def test_submit_sends_the_token_from_the_stacks_secret(
+    fake_cluster: dict[str, Any], endpoints_file: Path
+) -> None:
+    assert submit(["--endpoints", str(endpoints_file), "--", "train"]) == 0
+    assert fake_cluster["sent_token"] == ["t0ken"]
+
+
 def test_no_wait_prints_the_submission_id_and_how_to_follow_it(
     fake_cluster: dict[str, Any], endpoints_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -749,6 +844,10 @@ def test_no_wait_prints_the_submission_id_and_how_to_follow_it(
     assert captured.out == "raysubmit_1\n"
     assert "kubectl -n uerl port-forward pod/uerl-head-a 8265:8265" in captured.err
     assert "ray job logs --address http://127.0.0.1:8265 --follow raysubmit_1" in captured.err
+    assert (
+        "with `export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(kubectl -n uerl get secret uerl "
+        "-o jsonpath='{.data.auth_token}' | base64 -d)` first" in captured.err
+    )
 
 
 def test_a_head_not_ready_exits_1_before_anything_is_submitted(

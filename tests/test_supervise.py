@@ -258,6 +258,39 @@ def test_the_supervisor_job_runs_uerl_supervise_in_the_heads_image_and_placement
     assert pod["automountServiceAccountToken"] is False
 
 
+def test_the_supervisor_is_given_the_ray_apis_token_from_the_stacks_secret() -> None:
+    [container] = job()["spec"]["template"]["spec"]["containers"]
+    assert container["env"] == [
+        {"name": "RAY_AUTH_TOKEN",
+         "valueFrom": {"secretKeyRef": {"name": "uerl", "key": "auth_token"}}}
+    ]  # fmt: skip
+
+
+def test_a_stack_whose_ray_asks_for_no_token_gives_the_supervisor_none() -> None:
+    endpoints = Topology.parse({"ray": {"auth": {"mode": "disabled"}}}).endpoints()
+    made = supervisor_job.build(endpoints, HEAD_POD, "first", [], max_restarts=4)
+    assert made["spec"]["template"]["spec"]["containers"][0]["env"] == []
+
+
+def test_a_refused_token_ends_the_supervisor_at_once_as_bad_input() -> None:
+    class Refusing(Head):
+        def _up(self) -> None:
+            raise RuntimeError(
+                "Authentication failed: Forbidden: Invalid authentication token\n\n"
+                "Token authentication is enabled but the authentication token is invalid."
+            )
+
+    head, clock = Refusing({}), Clock()
+    sup, lines = supervisor(head, clock)
+    assert sup.run() == 2
+    assert head.submitted == [] and clock.now == 0  # no waiting for a head that answers
+    assert lines == [
+        "run r1: the Ray head's job API refused this supervisor's token (RAY_AUTH_TOKEN, "
+        "from the stack's ray.token_secret): Authentication failed: Forbidden: Invalid "
+        "authentication token"
+    ]
+
+
 def test_the_supervisor_pod_passes_the_restricted_standard() -> None:
     assert pod_security.violations(job()["spec"]["template"]["spec"]) == []
 

@@ -180,19 +180,35 @@ def ready_timeout_s(topology: Topology) -> float:
     return topology.image_pull_timeout_s + game + topology.ray.start_timeout_s
 
 
+def auth_options(topology: Topology) -> dict[str, str] | None:
+    """KubeRay's token authentication: it gives every Ray container (and its own
+    wait-for-GCS init container) RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from the Secret,
+    making that Secret first when none is named. None: no token (KubeRay's default)."""
+    if topology.ray_token_secret is None:
+        return None
+    options = {"mode": "token"}
+    if topology.ray.auth.secret_name is not None:
+        options["secretName"] = topology.ray.auth.secret_name
+    return options
+
+
 def raycluster(topology: Topology) -> K8sObject:
     meta = metadata(topology, topology.name, name=APP_NAME, component="ray-cluster")
     meta["annotations"] = await_annotations(ready_timeout_s(topology), READY_CONDITIONS)
+    spec: dict[str, Any] = {
+        "rayVersion": topology.ray.version,
+        # Without it KubeRay never replaces running pods: a new image,
+        # pattern or size would report success and change nothing.
+        "upgradeStrategy": {"type": "Recreate"},
+        "headGroupSpec": _head(topology),
+        "workerGroupSpecs": [_learners(topology), _workers(topology)],
+    }
+    auth = auth_options(topology)
+    if auth is not None:
+        spec["authOptions"] = auth
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
         "metadata": meta,
-        "spec": {
-            "rayVersion": topology.ray.version,
-            # Without it KubeRay never replaces running pods: a new image,
-            # pattern or size would report success and change nothing.
-            "upgradeStrategy": {"type": "Recreate"},
-            "headGroupSpec": _head(topology),
-            "workerGroupSpecs": [_learners(topology), _workers(topology)],
-        },
+        "spec": spec,
     }

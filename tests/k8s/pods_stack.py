@@ -9,7 +9,8 @@ This module holds what the real-pod scenarios share:
   tier built: nothing is pulled). Each is a `pulumi config set --path` a user could type.
 - `PortForward`: `kubectl port-forward` to the head's dashboard, restarted when the head
   pod it was tied to is gone.
-- `RayJobs`: `ray job submit` through it, the job's status and log.
+- `RayJobs`: `ray job submit` through it, the job's status and log, with the token from
+  the Secret KubeRay made for the cluster (`ray_token`).
 - `GameFiles`: a web server in the cluster serving a fake packaged UE build (a zip whose
   launcher runs the mock game), for the `unreal` simulator and its loader Job.
 - `connects`: whether one pod reaches an address (NetworkPolicy checks).
@@ -108,6 +109,13 @@ def head_pod(cp: ControlPlane) -> str:
     return str(pods[0]["metadata"]["name"])
 
 
+def ray_token(cp: ControlPlane) -> str:
+    """The token the stack's Ray asks for, from the Secret KubeRay made for the cluster
+    (the endpoints' `ray.token_secret`), as `uerl submit` reads it."""
+    secret = cp.get_json("secret", CLUSTER, "-n", NAMESPACE)
+    return base64.b64decode(secret["data"]["auth_token"]).decode()
+
+
 def exec_in(cp: ControlPlane, ns: str, pod: str, *argv: str, **kwargs: Any) -> str:
     return cp.kubectl("exec", "-n", ns, pod, "--", *argv, **kwargs).stdout
 
@@ -174,7 +182,9 @@ class RayJobs:
         return subprocess.run(
             [str(RAY), "job", args[0], "--address", self.forward.url, *args[1:]],
             capture_output=True, text=True, timeout=timeout_s,
-            env={"PATH": str(RAY.parent), "RAY_ADDRESS": "", "HOME": "/tmp"},
+            # Ray's CLI sends RAY_AUTH_TOKEN when told the cluster asks for one.
+            env={"PATH": str(RAY.parent), "RAY_ADDRESS": "", "HOME": "/tmp",
+                 "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token(self.forward.cp)},
         )  # fmt: skip
 
     def submit(self, submission_id: str, entrypoint: list[str]) -> None:
@@ -187,8 +197,10 @@ class RayJobs:
     def _client(self) -> Any:
         from ray.job_submission import JobSubmissionClient
 
+        from training.ray_auth.token_client import headers
+
         self.forward.ensure()
-        return JobSubmissionClient(self.forward.url)
+        return JobSubmissionClient(self.forward.url, headers=headers(ray_token(self.forward.cp)))
 
     def status(self, submission_id: str) -> str:
         return str(self._client().get_job_status(submission_id).value)

@@ -64,8 +64,9 @@ def _rootfs(archive: Archive) -> Path:
     return unpack(archive, build.CACHE / "rootfs" / archive.path.stem)
 
 
-def _run(archive: Archive, argv: list[str], user: str, timeout: float = 180,
-         **env: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    archive: Archive, argv: list[str], user: str, timeout: float = 180, **env: str
+) -> subprocess.CompletedProcess[str]:
     argv = chroot_argv(_rootfs(archive), argv, user=user, env={**archive.env(), **env})
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{argv[-1]}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
@@ -76,8 +77,11 @@ def test_index_names_the_topology_tags_and_the_operators_own_version(
     index: dict[str, dict[str, str]],
 ) -> None:
     ray_ref, mock_ref = build.topology_refs()
-    assert {build.qualified(ray_ref), build.qualified(mock_ref),
-            build.qualified(build.operator_image_ref())} <= set(index)
+    assert {
+        build.qualified(ray_ref),
+        build.qualified(mock_ref),
+        build.qualified(build.operator_image_ref()),
+    } <= set(index)
     # The chart's repository, tagged with the version the binary really is.
     assert build.operator_image_ref() == "quay.io/kuberay/operator:v1.6.2"
 
@@ -111,8 +115,12 @@ def test_ray_image_config(ray: Archive) -> None:
     assert env["RAY_USAGE_STATS_ENABLED"] == "0"
     assert env["PATH"].startswith("/opt/venv/bin:")
     # Nothing of the build machine: no CA override, no pip configuration.
-    leaked = [k for k in env if k.startswith("PIP_CERT") or k in
-              ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "PIP_FIND_LINKS", "PIP_INDEX_URL")]
+    leaked = [
+        k
+        for k in env
+        if k.startswith("PIP_CERT")
+        or k in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "PIP_FIND_LINKS", "PIP_INDEX_URL")
+    ]
     assert leaked == []
 
 
@@ -135,8 +143,12 @@ def test_operator_image_runs_the_chart_command(operator: Archive) -> None:
     assert config["Entrypoint"] == ["/manager"]
     uid = config["User"].split(":")[0]
     assert uid.isdigit() and int(uid) != 0
-    proc = subprocess.run(chroot_argv(_rootfs(operator), ["/manager", "--help"], user="65532:65532",
-                                      env={}), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        chroot_argv(_rootfs(operator), ["/manager", "--help"], user="65532:65532", env={}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "metrics-addr" in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
 
@@ -172,8 +184,12 @@ def test_ray_image_runs_uerl_and_kuberays_login_shell(ray: Archive) -> None:
     assert "mock-ue" in _run(ray, ["uerl", "--help"], RAY_USER, HOME="/home/ray").stdout
     # KubeRay's command: `bash -lc -- "ulimit -n 65536; ray start ..."`; Debian's
     # /etc/profile resets PATH, profile.d must put the venv's `ray` back.
-    shell = _run(ray, ["bash", "-lc", "--", "ulimit -n 65536 2>/dev/null; command -v ray; id -un"],
-                 RAY_USER, HOME="/home/ray")
+    shell = _run(
+        ray,
+        ["bash", "-lc", "--", "ulimit -n 65536 2>/dev/null; command -v ray; id -un"],
+        RAY_USER,
+        HOME="/home/ray",
+    )
     assert shell.stdout.split() == ["/opt/venv/bin/ray", "ray"]
 
 
@@ -187,8 +203,12 @@ def _free_port() -> int:
 def mock_server(mock: Archive) -> Iterator[int]:
     """`uerl mock-ue` from the image, as uid 10001, on a free loopback port."""
     port = _free_port()
-    argv = chroot_argv(_rootfs(mock), ["uerl", "mock-ue", "--host", "127.0.0.1", "--port",
-                                      str(port)], user=MOCK_USER, env=mock.env())
+    argv = chroot_argv(
+        _rootfs(mock),
+        ["uerl", "mock-ue", "--host", "127.0.0.1", "--port", str(port)],
+        user=MOCK_USER,
+        env=mock.env(),
+    )
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         yield port
@@ -210,8 +230,11 @@ def test_mock_image_answers_grpc_health(mock_server: int) -> None:
     status = None
     while time.monotonic() < deadline:
         try:
-            status = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=2).status
+            status = (
+                health_pb2_grpc.HealthStub(channel)
+                .Check(health_pb2.HealthCheckRequest(), timeout=2)
+                .status
+            )
             break
         except grpc.RpcError:
             time.sleep(0.5)

@@ -16,6 +16,7 @@ test checks one thing of what it left.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -24,6 +25,8 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +53,7 @@ from pods_stack import (
     pod_ip,
     progress,
     ray_pods,
+    ray_token,
     stack_settings,
     write_json,
 )
@@ -57,7 +61,8 @@ from pulumi_project import PulumiProject, Result
 from pyarrow import fs
 from stacks import running_and_ready
 
-from infra.topology import JOB_STOP_GRACE_S
+from infra.topology import JOB_STOP_GRACE_S, quantity_value
+from training.ray_auth import token_client
 from training.runstore import attempts
 
 pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(3600)]
@@ -112,6 +117,10 @@ def images(node: Node, figures: Figures, busybox_ref: str) -> dict[str, str]:
     start = time.monotonic()
     node.import_images_from_index([refs["ray"], refs["mock-ue"], refs["operator"]])
     figures["image_import_s"] = round(time.monotonic() - start, 1)
+    # The learners' own image (`learners.image`; on a GPU pool the CUDA one): here the
+    # Ray image under a tag of its own, so the pods show which group runs which.
+    refs["ray-learner"] = f"{refs['ray']}-learner"
+    node.ctr("-n", "k8s.io", "images", "tag", "--force", refs["ray"], refs["ray-learner"])
     return refs
 
 
@@ -131,7 +140,8 @@ class Up:
 @pytest.fixture(scope="module")
 def dev_stack(project: PulumiProject, images: dict[str, str], figures: Figures) -> Up:
     """`pulumi stack init dev`, the machine's overrides, `pulumi up`."""
-    project.new_stack("dev", stack_settings(images["busybox"]))
+    settings = stack_settings(images["busybox"])
+    project.new_stack("dev", settings | {"topology.learners.image": images["ray-learner"]})
     started = time.monotonic()
     result = project.up("dev", "--skip-preview", timeout_s=900)
     figures["pulumi_up_s"] = round(result.seconds, 1)
@@ -196,6 +206,100 @@ def test_the_head_mounts_the_endpoints_the_stack_exports(
     cp = node_control_plane
     mounted = exec_in(cp, NAMESPACE, head_pod(cp), "cat", "/etc/uerl/endpoints.json")
     assert json.loads(mounted) == project.outputs("dev")["endpoints"]
+
+
+def test_the_learner_pod_runs_the_learners_image_and_the_others_rays(
+    node_control_plane: ControlPlane, dev_stack: Up, images: dict[str, str]
+) -> None:
+    ran = {
+        p["metadata"]["labels"]["ray.io/group"]: p["status"]["containerStatuses"][0]["image"]
+        for p in ray_pods(node_control_plane)
+    }
+    assert ran == {
+        "headgroup": images["ray"],
+        "learners": images["ray-learner"],
+        "workers": images["ray"],
+    }
+
+
+def test_every_ray_pod_has_a_memory_backed_dev_shm_of_its_groups_size(
+    node_control_plane: ControlPlane, dev_stack: Up
+) -> None:
+    cp = node_control_plane
+    probe = (
+        "import os; s = os.statvfs('/dev/shm'); "
+        "print([m.split()[2] for m in open('/proc/mounts') if m.split()[1] == '/dev/shm'][-1], "
+        "s.f_blocks * s.f_frsize)"
+    )
+    for pod in ray_pods(cp):
+        [shm] = [v for v in pod["spec"]["volumes"] if v["name"] == "uerl-shm"]
+        size = quantity_value(shm["emptyDir"]["sizeLimit"])
+        container = pod["spec"]["containers"][0]["name"]
+        found = cp.kubectl("exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", container,
+                           "--", "python3", "-c", probe).stdout.split()  # fmt: skip
+        # tmpfs, as large as the topology says (not the container's 64 MB default).
+        assert found == ["tmpfs", str(int(size))], (pod["metadata"]["name"], found, size)
+
+
+# ---- Ray behind the stack's token --------------------------------------------------------
+
+
+def _http_status(url: str, headers: dict[str, str]) -> int:
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_every_ray_container_is_given_the_token_from_the_secret_kuberay_made(
+    node_control_plane: ControlPlane, dev_stack: Up, project: PulumiProject
+) -> None:
+    cp = node_control_plane
+    named = project.outputs("dev")["endpoints"]["ray"]["token_secret"]
+    secret = cp.get_json("secret", named, "-n", NAMESPACE)
+    [owner] = secret["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("RayCluster", CLUSTER)  # deleted with it
+    assert len(base64.b64decode(secret["data"]["auth_token"])) >= 32
+    for pod in ray_pods(cp):
+        env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": named, "key": "auth_token"
+        }  # fmt: skip
+
+
+def test_the_job_api_refuses_a_caller_without_the_token_and_takes_one_with_it(
+    node_control_plane: ControlPlane, dashboard: PortForward
+) -> None:
+    dashboard.ensure()
+    jobs = f"{dashboard.url}/api/jobs/"
+    assert _http_status(jobs, {}) == 401
+    assert _http_status(jobs, {"Authorization": "Bearer not-the-token"}) == 403
+    assert _http_status(jobs, token_client.headers(ray_token(node_control_plane))) == 200
+
+
+def test_the_gcs_refuses_a_caller_without_the_token_and_takes_one_with_it(
+    node_control_plane: ControlPlane, dev_stack: Up, tmp_path: Path
+) -> None:
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    cp = node_control_plane
+    with (
+        PortForward(cp, tmp_path, 6379) as gcs,
+        grpc.insecure_channel(f"127.0.0.1:{gcs.port}") as channel,
+    ):
+        nodes = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        request = gcs_service_pb2.GetAllNodeInfoRequest()
+        with pytest.raises(grpc.RpcError) as refused:
+            nodes.GetAllNodeInfo(request, timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        bearer = tuple((k.lower(), v) for k, v in token_client.headers(ray_token(cp)).items())
+        answer = nodes.GetAllNodeInfo(request, timeout=30, metadata=bearer)
+    alive = [n for n in answer.node_info_list if n.state == n.ALIVE]
+    assert len(alive) == len(ray_pods(cp))  # the head, the learner, the workers
 
 
 # ---- g. the restricted Pod Security Standard --------------------------------------------

@@ -232,13 +232,14 @@ def _supervise(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def _submit(args: argparse.Namespace, command: list[str]) -> int:
-    from training.submit import head, job, port_forward, stack_endpoints
+    from training.submit import head, job, port_forward, ray_token, stack_endpoints
 
     endpoints = stack_endpoints.endpoints_from(args.endpoints, args.stack)
     port = stack_endpoints.dashboard_port(endpoints)
     api = head.kube_api_client(args.kubeconfig, args.context)
     finder = head.HeadFinder(endpoints, head.kube_pod_lister(api))
     finder.find()  # before anything else: the head is there and Ready, or say why not
+    token = ray_token.read(api, endpoints)
     connection = port_forward.HeadConnection(
         finder.find, port_forward.pod_port_opener(api, endpoints.namespace, port)
     )
@@ -249,16 +250,29 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
             error = relay.last_error
             return pod + (f"; last port-forward error: {error}" if error else "")
 
-        client = job.connect_client(relay.url, head=describe_head)
+        client = job.connect_client(
+            relay.url, head=describe_head, token=token, token_source=ray_token.where(endpoints)
+        )
         job_id = job.submit(client, command, args.submission_id)
 
         def follow_hint() -> str:
             pod = connection.head or finder.current
+            from training.ray_auth.token_client import RAY_AUTH_TOKEN_KEY
+
             address = "--address http://127.0.0.1:8265"
+            secret = endpoints.ray.token_secret
+            # Ray's CLI sends RAY_AUTH_TOKEN when RAY_AUTH_MODE is token.
+            auth = (
+                f"; with `export RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(kubectl -n "
+                f"{endpoints.namespace} get secret {secret} -o jsonpath="
+                f"'{{.data.{RAY_AUTH_TOKEN_KEY}}}' | base64 -d)` first"
+                if secret
+                else ""
+            )
             return (
                 f"Follow it with `kubectl -n {endpoints.namespace} port-forward pod/{pod} "
                 f"8265:{port}` and `ray job logs {address} --follow {job_id}`; "
-                f"stop it with `ray job stop {address} {job_id}`."
+                f"stop it with `ray job stop {address} {job_id}`{auth}."
             )
 
         print(

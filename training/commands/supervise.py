@@ -6,7 +6,8 @@ attempt's log in turn, with a line for every attempt and why it started.
     uerl supervise --address URL --run-name RUN [--max-restarts N] -- [train flags...]
 
 Exit status: 0 the run ended (SUCCEEDED, or STOPPED by a person), 1 restarts used up or
-no head for 30 minutes, 2 bad input (here, or a job that failed on it).
+no head for 30 minutes, 2 bad input (here, a job that failed on it, or the job API
+refusing the token in RAY_AUTH_TOKEN).
 """
 
 from __future__ import annotations
@@ -53,12 +54,16 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     train_parser().parse_args(["--run-name", args.run_name, *train_args])  # exit 2 on a typo
+    from training.ray_auth import token_client
     from training.supervise.supervisor import Supervisor
 
     def connect():  # type: ignore[no-untyped-def]
         from ray.job_submission import JobSubmissionClient
 
-        return JobSubmissionClient(args.address)
+        # The token (RAY_AUTH_TOKEN, from the stack's Secret), sent as Ray's CLI would.
+        return JobSubmissionClient(
+            args.address, headers=token_client.headers(token_client.token_from_env())
+        )
 
     def log(line: str) -> None:
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from types import FrameType
 from typing import Any, Protocol, TextIO
 
 from infra.topology import JOB_STOP_GRACE_S
+from training.ray_auth import token_client
 from training.submit.submit_error import BAD_INPUT, CLUSTER_UNUSABLE, SubmitError
 
 # A job's terminal status -> `uerl submit`'s exit status (130: stopped, as after Ctrl-C).
@@ -76,24 +77,45 @@ def no_proxy_to_the_relay() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def connect_client(url: str, *, head: Callable[[], str], wait_s: float = 15.0) -> JobClient:
-    """Ray's job client on `url`; its first request checks the job API answers. The
-    head's dashboard may still be starting when the pod turns Ready: retried briefly."""
+def connect_client(
+    url: str,
+    *,
+    head: Callable[[], str],
+    token: str | None = None,
+    token_source: str = "",
+    wait_s: float = 15.0,
+) -> JobClient:
+    """Ray's job client on `url`, sending `token` (from `token_source`, for the message
+    when it is refused); its first request checks the job API answers. The head's
+    dashboard may still be starting when the pod turns Ready: retried briefly."""
     from ray.job_submission import JobSubmissionClient
 
     deadline = time.monotonic() + wait_s
     while True:
         try:
             with _without(ADDRESS_VARIABLES):
-                client: JobClient = JobSubmissionClient(url)
+                client: JobClient = JobSubmissionClient(url, headers=token_client.headers(token))
             return client
         except Exception as exc:  # ConnectionError, or RuntimeError: a non-200 answer
+            if token_client.is_refusal(exc):
+                raise SubmitError(refused(exc, token, token_source), BAD_INPUT) from None
             if time.monotonic() >= deadline:
                 raise SubmitError(
                     f"the job API of the Ray head ({head()}) does not answer: {reason(exc)}",
                     CLUSTER_UNUSABLE,
                 ) from None
             time.sleep(1.0)
+
+
+def refused(exc: BaseException, token: str | None, token_source: str) -> str:
+    """The job API's refusal of a token, or of none, in a line."""
+    said = str(exc).splitlines()[0].strip() if str(exc).strip() else type(exc).__name__
+    if token is None:
+        return (
+            f"the Ray head's job API asks for a token and the endpoints name none "
+            f"(ray.token_secret): {said}. `pulumi up` with this uerl names it"
+        )
+    return f"the Ray head's job API refused the token from the {token_source}: {said}"
 
 
 def reason(exc: BaseException) -> str:

@@ -7,7 +7,8 @@ client), its pull secrets, node selector and tolerations (a node the head may us
 stack's instance label (the stack's NetworkPolicy `<name>-ray-head-supervisor` admits
 pods with it and the app name SUPERVISOR_APP to the job API, and nothing else). The pod
 passes the `restricted` Pod Security Standard, calls no Kubernetes API (no token
-mounted) and asks for little: it polls the job API every few seconds.
+mounted; the Ray API's token comes from its Secret as RAY_AUTH_TOKEN) and asks for
+little: it polls the job API every few seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from infra.endpoints import Endpoints
 from infra.manifests import pod_security
 from infra.manifests.pod_security import RAY_GID, RAY_UID
 from infra.topology import SUPERVISOR_APP
+from training.ray_auth.token_client import RAY_AUTH_TOKEN_ENV, RAY_AUTH_TOKEN_KEY
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 RUN_LABEL = "uerl.dev/run"
@@ -42,6 +44,18 @@ def pod_labels(instance: str, run_name: str) -> dict[str, str]:
         "app.kubernetes.io/part-of": "uerl",
         RUN_LABEL: re.sub(r"[^A-Za-z0-9._-]+", "-", run_name)[:63],
     }
+
+
+def _token_env(endpoints: Endpoints) -> list[dict[str, Any]]:
+    secret = endpoints.ray.token_secret
+    if secret is None:
+        return []
+    return [
+        {
+            "name": RAY_AUTH_TOKEN_ENV,
+            "valueFrom": {"secretKeyRef": {"name": secret, "key": RAY_AUTH_TOKEN_KEY}},
+        }
+    ]
 
 
 def build(
@@ -76,6 +90,9 @@ def build(
                     "--",
                     *train_args,
                 ],
+                # The token the head's job API asks for, from the Secret KubeRay gives
+                # the Ray pods (never in the Job's spec).
+                "env": _token_env(endpoints),
                 "resources": {
                     "requests": {"cpu": "50m", "memory": "256Mi"},
                     "limits": {"memory": "512Mi"},

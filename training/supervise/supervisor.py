@@ -9,7 +9,8 @@ from the run's last stored checkpoint:
   jobs in memory; KubeRay's GCS fault tolerance does not keep a job running either);
 - the job FAILED (a learner pod lost kills the driver's learner actor, a crash).
 It ends with the run: SUCCEEDED (0), STOPPED by a person (0: not resubmitted), a job
-that failed on bad input (exit code 2: it would fail again; 2), or restarts used up (1).
+that failed on bad input (exit code 2: it would fail again; 2), a job API refusing the
+supervisor's token (2), or restarts used up (1).
 Each attempt tells the run why it started (UERL_ATTEMPT, UERL_ATTEMPT_REASON), which
 `uerl train` records in the run's `attempts.jsonl`.
 
@@ -28,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from training.ray_auth.token_client import is_refusal
 from training.runstore.attempts import ATTEMPT_VARIABLE, REASON_VARIABLE
 
 RUN_METADATA = "uerl_run"  # the job metadata naming the run an attempt belongs to
@@ -54,6 +56,12 @@ class SuperviseClient(Protocol):
 
 
 Log = Callable[[str], None]
+
+
+class TokenRefused(BaseException):
+    """The job API refused the supervisor's token: the same token would be refused on
+    every retry. Not an Exception, so no wait-and-retry below takes it for a head that
+    does not answer; `run` ends on it (bad input)."""
 
 
 def _status(value: Any) -> str:
@@ -136,6 +144,8 @@ class Supervisor:
         ok, value = box[0]
         if not ok:
             self._client = None  # a new connection next time (a new head behind the Service)
+            if is_refusal(value):
+                raise TokenRefused(str(value).splitlines()[0]) from None
             raise value
         return value
 
@@ -182,6 +192,16 @@ class Supervisor:
         return newest, status
 
     def run(self) -> int:
+        try:
+            return self._run()
+        except TokenRefused as exc:
+            self.log(
+                f"run {self.run_name}: the Ray head's job API refused this supervisor's "
+                f"token (RAY_AUTH_TOKEN, from the stack's ray.token_secret): {exc}"
+            )
+            return BAD_INPUT
+
+    def _run(self) -> int:
         attempt, status = self._last_attempt()
         restarts = 0
         reason = "the run starts"

@@ -84,8 +84,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(argv: list[str], *, env: dict[str, str] | None = None, log_to: Path | None = None,
-        cwd: Path | None = None) -> None:
+def run(
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    log_to: Path | None = None,
+    cwd: Path | None = None,
+) -> None:
     """Runs one step at low priority (2 shared cores); its output goes to a log file, whose
     tail is shown on failure."""
     argv = ["nice", "-n", "19", *argv]
@@ -99,8 +104,11 @@ def run(argv: list[str], *, env: dict[str, str] | None = None, log_to: Path | No
         proc = subprocess.run(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode:
         tail = log_to.read_text(errors="replace").splitlines()[-40:]
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(argv)}\n"
-                         + "\n".join(tail) + f"\n(log: {log_to})")
+        raise SystemExit(
+            f"failed ({proc.returncode}): {' '.join(argv)}\n"
+            + "\n".join(tail)
+            + f"\n(log: {log_to})"
+        )
 
 
 def sha256_file(path: Path) -> str:
@@ -135,6 +143,7 @@ def tool_version(argv: list[str]) -> str:
 
 # --- the base -------------------------------------------------------------------------
 
+
 def write_docker_archive(layer: Path, dest: Path, ref: str, config: dict) -> str:
     """A docker-archive (`docker save` format) of one uncompressed layer: manifest.json,
     the image config and the layer. Returns the layer's digest (its diff_id)."""
@@ -156,8 +165,22 @@ def write_docker_archive(layer: Path, dest: Path, ref: str, config: dict) -> str
     manifest = [{"Config": config_name, "RepoTags": [ref], "Layers": [f"{diff_id}.tar"]}]
     (staging / "manifest.json").write_text(json.dumps(manifest))
     tmp = dest.with_suffix(".tmp")
-    subprocess.run(["tar", "--sort=name", "--mtime=@0", "--owner=0", "--group=0",
-                    "--numeric-owner", "-C", str(staging), "-cf", str(tmp), "."], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "--sort=name",
+            "--mtime=@0",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "-C",
+            str(staging),
+            "-cf",
+            str(tmp),
+            ".",
+        ],
+        check=True,
+    )
     shutil.rmtree(staging)
     tmp.replace(dest)
     return diff_id
@@ -178,8 +201,18 @@ def build_base(force: bool) -> tuple[Path, str]:
     out_dir.mkdir(parents=True)
     rootfs = out_dir / "rootfs"
     log(f"base: debootstrap {BASE_SUITE} with {', '.join(BASE_PACKAGES)} (a few minutes)")
-    run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-         BASE_SUITE, str(rootfs), BASE_MIRROR], env=clean_env(), log_to=out_dir / "build.log")
+    run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(BASE_PACKAGES)}",
+            BASE_SUITE,
+            str(rootfs),
+            BASE_MIRROR,
+        ],
+        env=clean_env(),
+        log_to=out_dir / "build.log",
+    )
     # Nothing of this machine, nothing apt only needed for the install.
     for rel in ("var/cache/apt", "var/lib/apt/lists", "var/log", "tmp", "run", "dev"):
         target = rootfs / rel
@@ -189,8 +222,20 @@ def build_base(force: bool) -> tuple[Path, str]:
         (rootfs / rel).unlink(missing_ok=True)
     (rootfs / "etc/machine-id").touch()
     layer = out_dir / "layer.tar"
-    subprocess.run(["tar", "--sort=name", "--numeric-owner", "--xattrs", "-C", str(rootfs),
-                    "-cf", str(layer), "."], check=True)
+    subprocess.run(
+        [
+            "tar",
+            "--sort=name",
+            "--numeric-owner",
+            "--xattrs",
+            "-C",
+            str(rootfs),
+            "-cf",
+            str(layer),
+            ".",
+        ],
+        check=True,
+    )
     config = {"Env": [f"PATH={CLEAN_PATH}", "LANG=C.UTF-8"], "Cmd": ["bash"]}
     diff_id = write_docker_archive(layer, archive, BASE_REF, config)
     layer.unlink()
@@ -205,8 +250,13 @@ def build_base(force: bool) -> tuple[Path, str]:
 
 # --- the compiled game client ---------------------------------------------------------
 
-NATIVE_SOURCES = ("native/Cargo.toml", "native/Cargo.lock", "native/build.rs",
-                  "native/pyproject.toml", "protos/schola/schola_gym.proto")
+NATIVE_SOURCES = (
+    "native/Cargo.toml",
+    "native/Cargo.lock",
+    "native/build.rs",
+    "native/pyproject.toml",
+    "protos/schola/schola_gym.proto",
+)
 
 
 def build_native_wheel(python: str, force: bool) -> Path:
@@ -227,14 +277,20 @@ def build_native_wheel(python: str, force: bool) -> Path:
     start = time.monotonic()
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
-    env = {**os.environ,
-           # The same cargo cache as `make setup`: a warm rebuild takes seconds.
-           "CARGO_TARGET_DIR": os.environ.get(
-               "CARGO_TARGET_DIR", str(Path("~/.cache/uerl-native/target").expanduser())),
-           "PATH": f"{Path(cargo).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        # The same cargo cache as `make setup`: a warm rebuild takes seconds.
+        "CARGO_TARGET_DIR": os.environ.get(
+            "CARGO_TARGET_DIR", str(Path("~/.cache/uerl-native/target").expanduser())
+        ),
+        "PATH": f"{Path(cargo).parent}:{os.environ['PATH']}",
+    }
     log("native wheel: pip wheel ./native (maturin from PyPI, the host's cargo)")
-    run([python, "-m", "pip", "wheel", "--no-deps", "-w", str(out_dir), str(ROOT / "native")],
-        env=env, log_to=out_dir / "build.log")
+    run(
+        [python, "-m", "pip", "wheel", "--no-deps", "-w", str(out_dir), str(ROOT / "native")],
+        env=env,
+        log_to=out_dir / "build.log",
+    )
     wheels = sorted(out_dir.glob("*.whl"))
     if len(wheels) != 1:
         raise SystemExit(f"expected one wheel in {out_dir}, found {wheels}")
@@ -258,17 +314,30 @@ def build_cuda_stubs(python: str, mode: str) -> Path:
         empty.mkdir(parents=True)
         return empty
     probe = subprocess.run(
-        [python, "-c", "import sysconfig, importlib.metadata as m; "
-         "print(sysconfig.get_paths()['purelib']); print(m.version('torch'))"],
-        capture_output=True, text=True, check=True).stdout.split()
+        [
+            python,
+            "-c",
+            "import sysconfig, importlib.metadata as m; "
+            "print(sysconfig.get_paths()['purelib']); print(m.version('torch'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     site, version = Path(probe[0]), probe[1].split("+")[0]
     wanted = dockerfile_arg(ROOT / "docker" / "ray.Dockerfile", "TORCH_VERSION")
     if version != wanted:
-        raise SystemExit(f"{python} has torch {version}, the Ray image installs {wanted}: "
-                         "the stubs must come from the same torch (make setup)")
+        raise SystemExit(
+            f"{python} has torch {version}, the Ray image installs {wanted}: "
+            "the stubs must come from the same torch (make setup)"
+        )
     generator = Path(__file__).with_name("cuda_stubs.py")
-    key = text_hash(BUILDER_VERSION, version, sha256_file(generator),
-                    sha256_file(site / "torch" / "lib" / "libtorch_cuda.so"))[:16]
+    key = text_hash(
+        BUILDER_VERSION,
+        version,
+        sha256_file(generator),
+        sha256_file(site / "torch" / "lib" / "libtorch_cuda.so"),
+    )[:16]
     out = CACHE / "cuda-stubs" / key
     if out.is_dir() and any(out.glob("lib*.so*")):
         log(f"cuda stubs: cached ({out})")
@@ -282,6 +351,7 @@ def build_cuda_stubs(python: str, mode: str) -> Path:
 
 
 # --- images ---------------------------------------------------------------------------
+
 
 @dataclass
 class Image:
@@ -369,14 +439,27 @@ def stage_context(image: Image) -> Path:
 
 def inputs_hash(image: Image, context: Path, base_hash: str) -> str:
     args = sorted(f"{k}={v}" for k, v in image.build_args.items())
-    return text_hash(BUILDER_VERSION, image.ref, sha256_file(image.dockerfile), *args,
-                     tree_hash(context), base_hash if image.uses_base else "")
+    return text_hash(
+        BUILDER_VERSION,
+        image.ref,
+        sha256_file(image.dockerfile),
+        *args,
+        tree_hash(context),
+        base_hash if image.uses_base else "",
+    )
 
 
 def buildah(storage: Path) -> list[str]:
     # Its own storage under the cache: nothing shared with containerd or other tools.
-    return ["buildah", "--root", str(storage / "root"), "--runroot", "/run/uerl-images-buildah",
-            "--storage-driver", "overlay"]
+    return [
+        "buildah",
+        "--root",
+        str(storage / "root"),
+        "--runroot",
+        "/run/uerl-images-buildah",
+        "--storage-driver",
+        "overlay",
+    ]
 
 
 def build_image(image: Image, context: Path, base: Path | None, inputs: str) -> Path:
@@ -388,10 +471,24 @@ def build_image(image: Image, context: Path, base: Path | None, inputs: str) -> 
     # OCI format: buildah 1.28's layer cache never hits with `--format docker` (each
     # build redid every step); the docker-archive gets a docker config anyway. Lost:
     # HEALTHCHECK, which Kubernetes ignores (its probes are in the manifests).
-    argv = [*buildah(storage), "build", "--isolation", "chroot", "--format", "oci",
-            "--layers", "--pull-never" if base is None else "--pull",
-            "-f", str(image.dockerfile), "-t", image.ref,
-            "-v", f"{ca}:{BUILD_CA}:ro", "--build-arg", f"PIP_CERT={BUILD_CA}"]
+    argv = [
+        *buildah(storage),
+        "build",
+        "--isolation",
+        "chroot",
+        "--format",
+        "oci",
+        "--layers",
+        "--pull-never" if base is None else "--pull",
+        "-f",
+        str(image.dockerfile),
+        "-t",
+        image.ref,
+        "-v",
+        f"{ca}:{BUILD_CA}:ro",
+        "--build-arg",
+        f"PIP_CERT={BUILD_CA}",
+    ]
     if base is not None:
         argv += ["--build-arg", f"BASE_IMAGE=docker-archive:{base}"]
     for key, value in image.build_args.items():
@@ -405,8 +502,11 @@ def build_image(image: Image, context: Path, base: Path | None, inputs: str) -> 
     archive = archives / f"{image.name}.tar"
     partial = archive.with_suffix(".partial")
     partial.unlink(missing_ok=True)
-    run([*buildah(storage), "push", image.ref, f"docker-archive:{partial}:{image.ref}"],
-        env=clean_env(TMPDIR=str(tmp)), log_to=log_file)
+    run(
+        [*buildah(storage), "push", image.ref, f"docker-archive:{partial}:{image.ref}"],
+        env=clean_env(TMPDIR=str(tmp)),
+        log_to=log_file,
+    )
     partial.replace(archive)
     return archive
 
@@ -414,8 +514,10 @@ def build_image(image: Image, context: Path, base: Path | None, inputs: str) -> 
 def chart_image_repository() -> str:
     """The repository of the chart's default operator image (its values.yaml)."""
     if not (CHART / "values.yaml").is_file():
-        raise SystemExit(f"{CHART / 'values.yaml'} is missing: the KubeRay chart this "
-                         "repository carries (third_party/README.md)")
+        raise SystemExit(
+            f"{CHART / 'values.yaml'} is missing: the KubeRay chart this "
+            "repository carries (third_party/README.md)"
+        )
     values = (CHART / "values.yaml").read_text()
     block = re.search(r"^image:\n((?:[ #].*\n|\n)+)", values, re.MULTILINE)
     assert block, f"no image: block in {CHART / 'values.yaml'}"
@@ -457,8 +559,9 @@ def topology_refs() -> tuple[str, str]:
     return Topology().ray.image_ref, SIMULATOR_DEFAULTS["mock"]["image"]
 
 
-def images(wanted: Iterable[str], native_dir: Path | None, stubs_dir: Path | None,
-           torch_cuda: str) -> list[Image]:
+def images(
+    wanted: Iterable[str], native_dir: Path | None, stubs_dir: Path | None, torch_cuda: str
+) -> list[Image]:
     """The wanted images, in build order. The operator's tag is read (from the chart and
     versions.env) only when it is wanted: `make images` builds Ray and the mock game only."""
     wanted = set(wanted)
@@ -467,14 +570,25 @@ def images(wanted: Iterable[str], native_dir: Path | None, stubs_dir: Path | Non
     if stubs_dir:
         ray_extra["torch-cuda-stubs"] = stubs_dir
     out = [
-        Image("ray", ray_ref, ROOT / "docker" / "ray.Dockerfile", extra=ray_extra,
-              build_args={"TORCH_CUDA": torch_cuda}),
+        Image(
+            "ray",
+            ray_ref,
+            ROOT / "docker" / "ray.Dockerfile",
+            extra=ray_extra,
+            build_args={"TORCH_CUDA": torch_cuda},
+        ),
         Image("mock-ue", mock_ref, ROOT / "docker" / "mock-ue.Dockerfile"),
     ]
     if "kuberay-operator" in wanted:
-        out.append(Image("kuberay-operator", operator_image_ref(),
-                         ROOT / "docker" / "kuberay-operator.Dockerfile",
-                         extra={"kuberay-operator": kuberay_binary()}, uses_base=False))
+        out.append(
+            Image(
+                "kuberay-operator",
+                operator_image_ref(),
+                ROOT / "docker" / "kuberay-operator.Dockerfile",
+                extra={"kuberay-operator": kuberay_binary()},
+                uses_base=False,
+            )
+        )
     return [image for image in out if image.name in wanted]
 
 
@@ -488,15 +602,25 @@ def main(argv: list[str] | None = None) -> int:
     names = ["base", "native", "ray", "mock-ue", "kuberay-operator"]
     parser.add_argument("--only", nargs="+", choices=names[2:], help="build only these images")
     parser.add_argument("--force", nargs="+", default=[], choices=names, help="rebuild these")
-    parser.add_argument("--no-prune", action="store_true",
-                        help="keep buildah's layers of earlier builds (pruned after a rebuild)")
+    parser.add_argument(
+        "--no-prune",
+        action="store_true",
+        help="keep buildah's layers of earlier builds (pruned after a rebuild)",
+    )
     parser.add_argument("--engine", choices=["buildah", "docker"], default="buildah")
     parser.add_argument("--docker", default="docker", help="the docker CLI (--engine docker)")
     parser.add_argument("--dry-run", action="store_true", help="--engine docker: print only")
-    parser.add_argument("--torch-cuda", choices=["stub", "pypi"], default="stub",
-                        help="the Ray image's TORCH_CUDA (stub: no CUDA wheels, see cuda_stubs.py)")
-    parser.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"),
-                        help="a CPython 3.11 with pip: builds the native wheel")
+    parser.add_argument(
+        "--torch-cuda",
+        choices=["stub", "pypi"],
+        default="stub",
+        help="the Ray image's TORCH_CUDA (stub: no CUDA wheels, see cuda_stubs.py)",
+    )
+    parser.add_argument(
+        "--python",
+        default=str(ROOT / ".venv" / "bin" / "python"),
+        help="a CPython 3.11 with pip: builds the native wheel",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -518,8 +642,14 @@ def main(argv: list[str] | None = None) -> int:
         # A normal Docker engine: the same Dockerfiles and contexts, its default base.
         for image in selected:
             context = stage_context(image) if not args.dry_run else CACHE / "contexts" / image.name
-            cmd = [args.docker, "build", "-f", str(image.dockerfile.relative_to(ROOT)),
-                   "-t", image.tag]
+            cmd = [
+                args.docker,
+                "build",
+                "-f",
+                str(image.dockerfile.relative_to(ROOT)),
+                "-t",
+                image.tag,
+            ]
             for key, value in image.build_args.items():
                 cmd += ["--build-arg", f"{key}={value}"]
             cmd.append(str(context))
@@ -530,8 +660,9 @@ def main(argv: list[str] | None = None) -> int:
 
     missing = [t for t in ("buildah", "debootstrap") if shutil.which(t, path=CLEAN_PATH) is None]
     if missing:
-        raise SystemExit(f"missing {', '.join(missing)}: "
-                         "run tests/k8s/build/install-node-packages.sh")
+        raise SystemExit(
+            f"missing {', '.join(missing)}: run tests/k8s/build/install-node-packages.sh"
+        )
     base_archive, base_hash = build_base("base" in args.force)
     index = load_index()
     timings: list[str] = []
@@ -540,8 +671,9 @@ def main(argv: list[str] | None = None) -> int:
         if not image.uses_base:
             for src in image.extra.values():
                 if not src.exists():
-                    raise SystemExit(f"{image.name}: {src} is missing: "
-                                     "run tests/k8s/build/build.sh")
+                    raise SystemExit(
+                        f"{image.name}: {src} is missing: run tests/k8s/build/build.sh"
+                    )
         context = stage_context(image)
         inputs = inputs_hash(image, context, base_hash)
         entry = index.get(image.ref, {})
@@ -554,9 +686,14 @@ def main(argv: list[str] | None = None) -> int:
         archive = build_image(image, context, base_archive if image.uses_base else None, inputs)
         seconds = time.monotonic() - start
         size = archive.stat().st_size >> 20
-        index[image.ref] = {"name": image.name, "archive": str(archive), "inputs": inputs,
-                            "base": base_hash if image.uses_base else "", "size_mib": str(size),
-                            "build_seconds": f"{seconds:.1f}"}
+        index[image.ref] = {
+            "name": image.name,
+            "archive": str(archive),
+            "inputs": inputs,
+            "base": base_hash if image.uses_base else "",
+            "size_mib": str(size),
+            "build_seconds": f"{seconds:.1f}",
+        }
         # Written after each image: an interrupted run keeps what it finished.
         with tempfile.NamedTemporaryFile("w", dir=CACHE, delete=False) as f:
             json.dump(index, f, indent=2, sort_keys=True)
@@ -568,8 +705,11 @@ def main(argv: list[str] | None = None) -> int:
         # Earlier builds' layers (GBs each for the Ray image); the layers of the images
         # just built stay: they are the cache of the next build.
         start = time.monotonic()
-        run([*buildah(CACHE / "storage"), "rmi", "--prune"], env=clean_env(),
-            log_to=CACHE / "logs" / "prune.log")
+        run(
+            [*buildah(CACHE / "storage"), "rmi", "--prune"],
+            env=clean_env(),
+            log_to=CACHE / "logs" / "prune.log",
+        )
         log(f"pruned earlier layers in {time.monotonic() - start:.1f}s")
     total = time.monotonic() - started
     log(f"done in {total:.1f}s ({'; '.join(timings)}); index: {CACHE / 'index.json'}")

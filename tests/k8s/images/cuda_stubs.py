@@ -24,8 +24,15 @@ from pathlib import Path
 
 # Loaded by the C library and the compiler runtime: never stubbed, even when a CUDA
 # library happens to export one of their symbols too (operator new, memcpy, ...).
-SYSTEM_LIBS = ("libc.so.6", "libm.so.6", "libgcc_s.so.1", "libstdc++.so.6", "libdl.so.2",
-               "libpthread.so.0", "librt.so.1")
+SYSTEM_LIBS = (
+    "libc.so.6",
+    "libm.so.6",
+    "libgcc_s.so.1",
+    "libstdc++.so.6",
+    "libdl.so.2",
+    "libpthread.so.0",
+    "librt.so.1",
+)
 SYSTEM_DIR = Path("/lib/x86_64-linux-gnu")
 # The driver is not a wheel either: torch already copes with its absence (CPU nodes).
 NOT_STUBBED = {"libcuda.so.1"}
@@ -48,14 +55,21 @@ def missing_libraries(torch_dir: Path) -> tuple[list[str], set[str]]:
     undefined: set[str] = set()
     for lib in libs:
         wanted.update(n for n in needed(lib) if n not in ours)
-        undefined.update(ln.split()[-1].split("@")[0]
-                         for ln in _lines(["nm", "-D", "--undefined-only", str(lib)]))
+        undefined.update(
+            ln.split()[-1].split("@")[0]
+            for ln in _lines(["nm", "-D", "--undefined-only", str(lib)])
+        )
     system: set[str] = set()
     for name in SYSTEM_LIBS:
-        system.update(ln.split()[-1].split("@")[0]
-                      for ln in _lines(["nm", "-D", "--defined-only", str(SYSTEM_DIR / name)]))
-    cuda = sorted(n for n in wanted - NOT_STUBBED
-                  if not re.match(r"(ld-linux|lib(c|m|dl|rt|pthread|gcc_s|stdc\+\+)\.so)", n))
+        system.update(
+            ln.split()[-1].split("@")[0]
+            for ln in _lines(["nm", "-D", "--defined-only", str(SYSTEM_DIR / name)])
+        )
+    cuda = sorted(
+        n
+        for n in wanted - NOT_STUBBED
+        if not re.match(r"(ld-linux|lib(c|m|dl|rt|pthread|gcc_s|stdc\+\+)\.so)", n)
+    )
     return cuda, undefined - system
 
 
@@ -83,8 +97,16 @@ def write_stub(real: Path, soname: str, undefined: set[str], out: Path) -> int:
     source += [f"char {name}[{max(size, 1)}];" for name, size in sorted(set(data))]
     c_file = out / f"{soname}.c"
     c_file.write_text("\n".join(source) + "\n")
-    argv = ["gcc", "-shared", "-fPIC", "-O1", "-o", str(out / soname), f"-Wl,-soname,{soname}",
-            str(c_file)]
+    argv = [
+        "gcc",
+        "-shared",
+        "-fPIC",
+        "-O1",
+        "-o",
+        str(out / soname),
+        f"-Wl,-soname,{soname}",
+        str(c_file),
+    ]
     names = sorted({*functions, *(n for n, _ in data)})
     if versions and names:
         # One version node holding every symbol: the one torch's references name.

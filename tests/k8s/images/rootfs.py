@@ -61,12 +61,14 @@ def unpack(archive: Archive, dest: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
-        subprocess.run(["tar", "-C", str(staging), "-xf", str(archive.path), *archive.layers],
-                       check=True)
+        subprocess.run(
+            ["tar", "-C", str(staging), "-xf", str(archive.path), *archive.layers], check=True
+        )
         for layer in archive.layers:
             layer_tar = staging / layer
-            names = subprocess.run(["tar", "-tf", str(layer_tar)], check=True,
-                                   capture_output=True, text=True).stdout.splitlines()
+            names = subprocess.run(
+                ["tar", "-tf", str(layer_tar)], check=True, capture_output=True, text=True
+            ).stdout.splitlines()
             for name in names:
                 path = PurePosixPath(name)
                 if path.name == ".wh..wh..opq":  # opaque: the lower layers' directory is hidden
@@ -76,8 +78,19 @@ def unpack(archive: Archive, dest: Path) -> Path:
                             _remove(child)
                 elif path.name.startswith(".wh."):
                     _remove(dest / path.parent / path.name.removeprefix(".wh."))
-            subprocess.run(["tar", "-C", str(dest), "--numeric-owner", "--same-permissions",
-                            "--exclude=.wh.*", "-xf", str(layer_tar)], check=True)
+            subprocess.run(
+                [
+                    "tar",
+                    "-C",
+                    str(dest),
+                    "--numeric-owner",
+                    "--same-permissions",
+                    "--exclude=.wh.*",
+                    "-xf",
+                    str(layer_tar),
+                ],
+                check=True,
+            )
             layer_tar.unlink()
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -103,12 +116,29 @@ def chroot_argv(rootfs: Path, argv: Sequence[str], *, user: str, env: dict[str, 
         mounts.append(f"mount --rbind /dev {root}/dev")
     if (rootfs / "tmp").is_dir():
         mounts.append(f"mount -t tmpfs -o mode=1777 tmpfs {root}/tmp")
-    words = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()),
-             "/usr/sbin/chroot", f"--userspec={user}", str(rootfs), *argv]
+    words = [
+        "/usr/bin/env",
+        "-i",
+        *(f"{k}={v}" for k, v in env.items()),
+        "/usr/sbin/chroot",
+        f"--userspec={user}",
+        str(rootfs),
+        *argv,
+    ]
     command = " ".join(shlex.quote(w) for w in words)
     # Not `exec`: sh stays the namespace's init, root, with --kill-child's parent-death
     # signal (chroot --userspec's setuid would clear it). When unshare dies, sh dies, and
     # the kernel kills everything else in the PID namespace.
     script = " && ".join([*mounts, command])
-    return ["unshare", "--mount", "--propagation", "private", "--pid", "--fork",
-            "--kill-child", "sh", "-c", script]
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "sh",
+        "-c",
+        script,
+    ]
