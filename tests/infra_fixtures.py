@@ -76,6 +76,7 @@ OWN_CLUSTER = [
     "topology.simulator.topology_spread_constraints[0].maxSkew=1",
     "topology.simulator.topology_spread_constraints[0].topologyKey=topology.kubernetes.io/zone",
     "topology.simulator.topology_spread_constraints[0].whenUnsatisfiable=ScheduleAnyway",
+    "topology.ray.auth.secret_name=team-ray-token",
     *(field for group in POD_GROUPS for field in pod_fields(group)),
 ]
 

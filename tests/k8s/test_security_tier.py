@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane
+from infra_fixtures import OWN_CLUSTER  # tests/, on the path via its conftest
 from network_policy_eval import Peer, ingress_allowed  # tests/, on the path via its conftest
-from stacks import deploy_and_wait, running_and_ready
+from stacks import deploy_and_wait, render, running_and_ready
 
 from infra.manifests import pod_security
 
@@ -140,6 +141,69 @@ def test_a_game_is_reached_by_its_own_stacks_ray_pods_only(
             if p["metadata"]["labels"].get("ray.io/cluster") == stack
         }
         assert allowed == own_ray, game["metadata"]["name"]
+
+
+# -- a team's own cluster: every pod field, admitted by the API server ------------------
+
+
+def _pod_templates(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every pod template the stack renders, by where it is: the RayCluster's groups, the
+    games' StatefulSet, the loader's Job."""
+    found: dict[str, dict[str, Any]] = {}
+    for obj in objects:
+        spec = obj.get("spec", {})
+        if obj["kind"] == "RayCluster":
+            found["ray-head"] = spec["headGroupSpec"]["template"]
+            for group in spec["workerGroupSpecs"]:
+                found[f"ray-{group['groupName']}"] = group["template"]
+        elif obj["kind"] in ("StatefulSet", "Job"):
+            found[f"{obj['kind']}/{obj['metadata']['name']}"] = spec["template"]
+    return found
+
+
+def test_every_own_cluster_field_is_admitted_under_restricted(
+    control_plane: ControlPlane, ns: str
+) -> None:
+    """The own-cluster variant (every group placed, named, pulling with secrets, GPUs of
+    other vendors, no CPU limits, the user's token Secret): the server takes each object
+    (dry run), and a pod of each template passes its admission (PodSecurity `restricted`,
+    the service account and priority class existing, requests and limits valid)."""
+    cp = control_plane
+    sets = [item.removeprefix("topology.") for item in OWN_CLUSTER]
+    _, objects = render(*_stack(ns, "own", *sets))
+    kinds = {o["kind"] for o in objects}
+    assert {"RayCluster", "StatefulSet", "Job", "ServiceAccount", "Namespace"} <= kinds
+    cluster = next(o for o in objects if o["kind"] == "RayCluster")
+    assert cluster["spec"]["authOptions"] == {"mode": "token", "secretName": "team-ray-token"}
+    # What must exist before a pod is admitted: the namespace (restricted), the accounts
+    # the stack creates, and the PriorityClass (the cluster's, not the stack's).
+    made_first = [o for o in objects if o["kind"] in ("Namespace", "ServiceAccount")]
+    priority = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": "uerl-high"}, "value": 1000}  # fmt: skip
+    apply = ("apply", "--server-side", "--field-manager=uerl-tests", "-f", "-")
+    cp.kubectl(*apply, input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                          "items": [priority, *made_first]}))  # fmt: skip
+    try:
+        rest = [o for o in objects if o not in made_first]
+        listed = {"apiVersion": "v1", "kind": "List", "items": rest}
+        cp.kubectl(*apply, "--dry-run=server", input=json.dumps(listed))
+        templates = _pod_templates(objects)
+        assert set(templates) == {"ray-head", "ray-learners", "ray-workers",
+                                  "StatefulSet/own-ue", "Job/own-ue-loader"}  # fmt: skip
+        for where, template in templates.items():
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": f"admit-{len(where)}", "namespace": ns,
+                                "labels": template["metadata"].get("labels", {})},
+                   "spec": template["spec"]}  # fmt: skip
+            done = cp.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                              input=json.dumps(pod), check=False)  # fmt: skip
+            assert done.returncode == 0, f"{where}: {done.stderr}"
+            admitted = json.loads(done.stdout)["spec"]
+            assert admitted["priorityClassName"] == "uerl-high", where
+            assert admitted["serviceAccountName"] == "uerl-runner", where
+            assert pod_security.violations(admitted) == [], where
+    finally:
+        cp.kubectl("delete", "priorityclass", "uerl-high", "--ignore-not-found")
 
 
 # -- uerl's own check of `restricted` against the API server's PodSecurity admission ----
