@@ -105,7 +105,8 @@ bench-self-play: setup
 render: setup
 	$(BIN)/uerl render --stack dev $(ARGS)
 
-# The images a dev cluster runs (Ray head/learners/workers, and the mock game), tagged
+# The images a dev cluster runs (Ray head/workers/CPU learners; the CUDA Ray image for
+# GPU learners, `learners.image`; the mock game), tagged
 # as the topology's defaults say (infra/topology.py is the one place the tags are
 # written), from docker/*.Dockerfile. tests/k8s/images/build.py stages each build context
 # (the Ray image's holds the compiled game client's wheel, built here by cargo + maturin).
@@ -115,8 +116,11 @@ render: setup
 # $UERL_IMAGE_CACHE (default ~/.cache/uerl-images), rebuilt only when their inputs change.
 DOCKER ?= docker
 
+# IMAGES="ray mock-ue": without the CUDA image (a cluster with no GPU learners).
+IMAGES ?= ray ray-cuda mock-ue
+
 images: setup
-	$(BIN)/python tests/k8s/images/build.py --engine docker --docker $(DOCKER) --only ray mock-ue
+	$(BIN)/python tests/k8s/images/build.py --engine docker --docker $(DOCKER) --only $(IMAGES)
 
 images-local: setup
 	$(BIN)/python tests/k8s/images/build.py $(IMAGES_ARGS)

@@ -510,11 +510,16 @@ class RaySpec(_Spec):
             )
         return self
 
+    def built_image(self, flavor: Literal["cpu", "cuda"]) -> str:
+        """The tag `make images` gives uerl's Ray image (docker/ray.Dockerfile: Ray at this
+        version plus uerl and its training dependencies; env runners import uerl): `cpu`,
+        torch without its CUDA libraries (head, workers, CPU learners); `cuda`, PyPI's
+        torch with them (GPU learners: `learners.image`)."""
+        return f"uerl/ray:{self.version}-{PYTHON_TAG}-{flavor}"
+
     @property
     def image_ref(self) -> str:
-        # uerl's Ray image: rayproject/ray at this version plus uerl and its
-        # training dependencies (docker/ray.Dockerfile); env runners import uerl.
-        return self.image or f"uerl/ray:{self.version}-{PYTHON_TAG}-cpu"
+        return self.image or self.built_image("cpu")
 
 
 class _NodeGroupSpec(RayGroupSpec):
@@ -542,8 +547,9 @@ class LearnerSpec(_NodeGroupSpec):
     gpus: int = Field(default=0, ge=0, le=16)
     # The extended resource the learners' GPUs are, e.g. `amd.com/gpu`.
     gpu_resource: GpuResource = GPU_RESOURCE
-    # The learners' image, e.g. a CUDA build of the Ray image (the same Ray, Python and
-    # uerl). None: the Ray image (`ray.image`).
+    # The learners' image, e.g. the CUDA build of the Ray image (`make images` tags it
+    # `uerl/ray:<version>-py311-cuda`: the same Ray, Python and uerl). None: the Ray
+    # image (`ray.image`).
     image: Text | None = None
 
 

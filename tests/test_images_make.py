@@ -9,7 +9,7 @@ from pathlib import Path
 
 from infra_fixtures import PROJECT_ROOT
 
-from infra.topology import SIMULATOR_DEFAULTS, Topology
+from infra.topology import SIMULATOR_DEFAULTS, RaySpec, Topology
 
 
 def _make_n(target: str) -> list[str]:
@@ -26,13 +26,15 @@ def _make_n(target: str) -> list[str]:
     return [line for line in proc.stdout.splitlines() if "images/build.py" in line]
 
 
-def test_make_images_builds_the_default_ray_and_mock_game_tags() -> None:
-    """With Docker: build.py stages the contexts (the Ray image's holds the native wheel)
-    and runs `docker build` on the same Dockerfiles, tagged as the topology says."""
-    assert len(_make_n("images")) == 1
+def test_make_images_builds_the_cpu_and_cuda_ray_images_and_the_mock_game() -> None:
+    """With Docker: build.py stages the contexts (the Ray images' hold the native wheel)
+    and runs `docker build` on the same Dockerfiles, tagged as the topology says: the CPU
+    Ray image (the default `ray.image`) and the CUDA one for GPU learners."""
+    (line,) = _make_n("images")
+    only = line.split()[line.split().index("--only") + 1 :]
     proc = subprocess.run(
         [sys.executable, "tests/k8s/images/build.py", "--engine", "docker", "--dry-run",
-         "--only", "ray", "mock-ue"],
+         "--only", *only],
         cwd=PROJECT_ROOT,
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         capture_output=True,
@@ -44,8 +46,12 @@ def test_make_images_builds_the_default_ray_and_mock_game_tags() -> None:
     assert [" ".join(words[:-1]) for words in builds] == [
         f"docker build -f docker/ray.Dockerfile -t {Topology().ray.image_ref}"
         " --build-arg TORCH_CUDA=stub",
+        f"docker build -f docker/ray.Dockerfile -t {RaySpec().built_image('cuda')}"
+        " --build-arg TORCH_CUDA=pypi",
         f"docker build -f docker/mock-ue.Dockerfile -t {SIMULATOR_DEFAULTS['mock']['image']}",
     ]
+    assert Topology().ray.image_ref.endswith("-py311-cpu")
+    assert RaySpec().built_image("cuda").endswith("-py311-cuda")
 
 
 def test_make_images_local_runs_the_engineless_build() -> None:

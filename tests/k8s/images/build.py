@@ -2,11 +2,12 @@
 """Builds uerl's images from docker/*.Dockerfile without a Docker engine or a registry.
 
     python tests/k8s/images/build.py [--only NAME ...] [--force NAME ...] [--no-prune]
-                                     [--torch-cuda stub|pypi]
     python tests/k8s/images/build.py --engine docker [--dry-run]   # a machine with Docker
 
-Images: ray, mock-ue (tagged as infra/topology.py says) and kuberay-operator (the chart's
-repository, tagged with the binary's own version: a stack sets `operator.values.image.tag`).
+Images: ray (CPU: torch's CUDA libraries stubbed, cuda_stubs.py), ray-cuda (PyPI's CUDA
+torch, for GPU learners; built only when named), mock-ue (tagged as infra/topology.py
+says) and kuberay-operator (the chart's repository, tagged with the binary's own version:
+a stack sets `operator.values.image.tag`).
 Needs root, buildah and debootstrap (tests/k8s/build/install-node-packages.sh), the
 project's .venv (`make setup`: torch with its CUDA wheels, for the stubs), cargo, and for
 the operator the binary tests/k8s/build/build.sh builds.
@@ -551,6 +552,14 @@ def qualified(ref: str) -> str:
     return f"docker.io/{ref}"
 
 
+def cuda_ref() -> str:
+    """The CUDA Ray image's tag, from infra/topology.py."""
+    sys.path.insert(0, str(ROOT))
+    from infra.topology import RaySpec
+
+    return RaySpec().built_image("cuda")
+
+
 def topology_refs() -> tuple[str, str]:
     """The Ray and mock game tags, from infra/topology.py (the one place they are written)."""
     sys.path.insert(0, str(ROOT))
@@ -559,26 +568,26 @@ def topology_refs() -> tuple[str, str]:
     return Topology().ray.image_ref, SIMULATOR_DEFAULTS["mock"]["image"]
 
 
-def images(
-    wanted: Iterable[str], native_dir: Path | None, stubs_dir: Path | None, torch_cuda: str
-) -> list[Image]:
+def images(wanted: Iterable[str], native_dir: Path | None, python: str | None) -> list[Image]:
     """The wanted images, in build order. The operator's tag is read (from the chart and
-    versions.env) only when it is wanted: `make images` builds Ray and the mock game only."""
+    versions.env) only when it is wanted: `make images` builds Ray and the mock game only.
+    `python` (None: a dry run) gives the CUDA stubs of the CPU Ray image."""
     wanted = set(wanted)
     ray_ref, mock_ref = topology_refs()
-    ray_extra = {"native-wheels": native_dir} if native_dir else {}
-    if stubs_dir:
-        ray_extra["torch-cuda-stubs"] = stubs_dir
-    out = [
-        Image(
-            "ray",
-            ray_ref,
-            ROOT / "docker" / "ray.Dockerfile",
-            extra=ray_extra,
-            build_args={"TORCH_CUDA": torch_cuda},
-        ),
-        Image("mock-ue", mock_ref, ROOT / "docker" / "mock-ue.Dockerfile"),
-    ]
+    out: list[Image] = []
+    # The CPU image (head, workers, CPU learners) with torch's CUDA libraries stubbed;
+    # the CUDA one (GPU learners) with PyPI's.
+    for name, ref, torch_cuda in (("ray", ray_ref, "stub"), ("ray-cuda", cuda_ref(), "pypi")):
+        if name not in wanted:
+            continue
+        extra = {"native-wheels": native_dir} if native_dir else {}
+        if python is not None:
+            extra["torch-cuda-stubs"] = build_cuda_stubs(python, torch_cuda)
+        out.append(
+            Image(name, ref, ROOT / "docker" / "ray.Dockerfile", extra=extra,
+                  build_args={"TORCH_CUDA": torch_cuda})
+        )  # fmt: skip
+    out.append(Image("mock-ue", mock_ref, ROOT / "docker" / "mock-ue.Dockerfile"))
     if "kuberay-operator" in wanted:
         out.append(
             Image(
@@ -599,8 +608,13 @@ def load_index() -> dict[str, dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    names = ["base", "native", "ray", "mock-ue", "kuberay-operator"]
-    parser.add_argument("--only", nargs="+", choices=names[2:], help="build only these images")
+    names = ["base", "native", "ray", "ray-cuda", "mock-ue", "kuberay-operator"]
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=names[2:],
+        help="build only these images (default: all but ray-cuda, which no node here runs)",
+    )
     parser.add_argument("--force", nargs="+", default=[], choices=names, help="rebuild these")
     parser.add_argument(
         "--no-prune",
@@ -610,12 +624,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["buildah", "docker"], default="buildah")
     parser.add_argument("--docker", default="docker", help="the docker CLI (--engine docker)")
     parser.add_argument("--dry-run", action="store_true", help="--engine docker: print only")
-    parser.add_argument(
-        "--torch-cuda",
-        choices=["stub", "pypi"],
-        default="stub",
-        help="the Ray image's TORCH_CUDA (stub: no CUDA wheels, see cuda_stubs.py)",
-    )
     parser.add_argument(
         "--python",
         default=str(ROOT / ".venv" / "bin" / "python"),
@@ -630,13 +638,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run:
         lock = (CACHE / ".lock").open("w")
         fcntl.flock(lock, fcntl.LOCK_EX)
-    wanted = args.only or names[2:]
+    wanted = args.only or [name for name in names[2:] if name != "ray-cuda"]
 
     # A dry run only prints the docker commands: no wheel needed.
-    needs_native = "ray" in wanted and not args.dry_run
+    needs_native = bool({"ray", "ray-cuda"} & set(wanted)) and not args.dry_run
     native_dir = build_native_wheel(args.python, "native" in args.force) if needs_native else None
-    stubs_dir = build_cuda_stubs(args.python, args.torch_cuda) if needs_native else None
-    selected = images(wanted, native_dir, stubs_dir, args.torch_cuda)
+    selected = images(wanted, native_dir, args.python if needs_native else None)
 
     if args.engine == "docker":
         # A normal Docker engine: the same Dockerfiles and contexts, its default base.
