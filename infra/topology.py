@@ -643,6 +643,10 @@ class SimulatorSpec(PodSpec, SizedSpec):
     env: dict[Text, Text] = {}
     # Time the game has to open its port before it is restarted (startup probe).
     startup_timeout_s: float = Field(default=120, gt=0, le=3600)
+    # How the kubelet checks the game: `tcp`, its port takes connections; `grpc`, its
+    # gRPC server answers (`schola-probe` in the game's container: the image
+    # docker/unreal-game.Dockerfile builds has it). Unreal games only.
+    probe: Literal["tcp", "grpc"] = "tcp"
     # TLS to the games (off by default): served by the forwarder where there is one,
     # else by the game itself (the mock game can; a stock Schola build cannot).
     tls: GameTLSSpec | None = None
@@ -670,6 +674,16 @@ class SimulatorSpec(PodSpec, SizedSpec):
                     f"allowed: {sorted(PLACEHOLDERS)} (write '{{{{' for a literal brace)"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _grpc_probe_needs_the_game_image(self) -> SimulatorSpec:
+        if self.probe == "grpc" and self.kind != "unreal":
+            raise FieldError(
+                ("probe",),
+                "the grpc probe runs schola-probe in the game's image "
+                "(docker/unreal-game.Dockerfile), which the mock game's has not: use tcp",
+            )
+        return self
 
     @model_validator(mode="after")
     def _internal_port_differs(self) -> SimulatorSpec:
@@ -736,6 +750,9 @@ class ExecutablesSpec(_Spec):
     access_mode: Literal["ReadWriteMany", "ReadOnlyMany"] = "ReadWriteMany"
     # Where every UE container mounts the volume (read-only), absolute.
     mount_path: Text = Field(default="/opt/ue", pattern=r"^/\S*$")
+    # The build is in `simulator.image`, at `mount_path` (docker/unreal-game.Dockerfile
+    # puts it there): no volume, no loader Job; the fields above and below are unused.
+    in_image: bool = False
     # A build archive (.zip / .tar.gz) unpacked into the volume by a one-off Job.
     source_url: Text | None = Field(default=None, pattern=r"^(https?|s3|gs)://\S+$")
     # Image of that Job and of the init containers waiting for it (needs sh,
@@ -750,6 +767,17 @@ class ExecutablesSpec(_Spec):
     @classmethod
     def _claim_name(cls, value: str | None) -> str | None:
         return None if value is None else _dns_label(value, max_len=253)
+
+    @model_validator(mode="after")
+    def _a_build_in_the_image_needs_no_volume(self) -> ExecutablesSpec:
+        volume = [name for name in ("existing_claim", "source_url") if getattr(self, name)]
+        if self.in_image and volume:
+            raise FieldError(
+                (volume[0],),
+                "executables.in_image is true: the build is in the game's image, so no "
+                "volume is mounted and nothing is loaded into one",
+            )
+        return self
 
 
 # An S3 bucket name (AWS's rules, which S3-compatible stores follow).
@@ -1037,9 +1065,10 @@ class Topology(_Spec):
 
     @property
     def uses_executables(self) -> bool:
-        """Only an Unreal build lives on the shared volume; the mock game is in its image
-        (and dev clusters often have no ReadWriteMany storage)."""
-        return self.simulator.kind == "unreal"
+        """Only an Unreal build lives on the shared volume, unless it is in the game's
+        image; the mock game is in its image (and dev clusters often have no
+        ReadWriteMany storage)."""
+        return self.simulator.kind == "unreal" and not self.executables.in_image
 
     @property
     def has_loader(self) -> bool:

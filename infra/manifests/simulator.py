@@ -31,6 +31,10 @@ CONTAINER_NAME = "ue"
 FORWARDER_NAME = "forward"
 PORT_NAME = "schola"
 PROBE_PERIOD_S = 5
+# `simulator.probe: grpc`: docker/unreal-game.Dockerfile's probe (docker/schola_probe.py),
+# given a deadline inside the kubelet's timeout (Python and grpc start in about 0.5 s).
+SCHOLA_PROBE = "schola-probe"
+GRPC_PROBE_DEADLINE_S, GRPC_PROBE_TIMEOUT_S = 3, 5
 # Packaged Unreal games write config and logs under $HOME (the build itself is
 # mounted read-only).
 UNREAL_ENV = {"HOME": "/tmp"}
@@ -43,6 +47,13 @@ FORWARDER_SOURCE = (Path(__file__).resolve().parent.parent / "forwarder.py").rea
 def _probe_action(topology: Topology) -> dict[str, Any]:
     """How the kubelet checks that the game accepts connections, where it listens."""
     port = topology.game_listen_port
+    if topology.simulator.probe == "grpc":
+        # From inside the game's container (loopback reaches a game bound to either);
+        # its own deadline below the probe's timeout.
+        return {
+            "exec": {"command": [SCHOLA_PROBE, f"{LOOPBACK}:{port}", str(GRPC_PROBE_DEADLINE_S)]},
+            "timeoutSeconds": GRPC_PROBE_TIMEOUT_S,
+        }
     if topology.simulator.loopback:
         # TCP probes dial the pod IP, where a loopback-bound game is not; this
         # connects from inside the game's own container (the launcher of every

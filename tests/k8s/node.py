@@ -467,7 +467,8 @@ class Node(StartStop):
     def import_images_from_index(self, refs: Iterable[str], index: Path | None = None) -> None:
         """Import images built by tests/k8s/images/ (their index.json: image ref -> an
         entry whose "archive" is the docker-archive, or the archive's path itself)."""
-        index = index or Path.home() / ".cache" / "uerl-images" / "index.json"
+        cache = Path(os.environ.get("UERL_IMAGE_CACHE", "~/.cache/uerl-images")).expanduser()
+        index = index or cache / "index.json"
         mapping = json.loads(index.read_text())
         for ref in refs:
             if ref not in mapping:

@@ -38,6 +38,7 @@ from stacks import running_and_ready
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "images"))
 import build as images_build  # tests/k8s/images/build.py
+import fake_build  # tests/k8s/images/fake_build.py
 
 RAY = Path(sys.executable).with_name("ray")
 UERL = Path(sys.executable).with_name("uerl")
@@ -295,23 +296,6 @@ def pod_ip(cp: ControlPlane, ns: str, pod: str) -> str:
 
 # ---- a packaged "game" served inside the cluster --------------------------------------
 
-LAUNCHER = """#!/bin/bash
-# A packaged Linux UE build's launcher (what Game.sh does: run the shipping binary
-# beside it with the project name and the command line it got).
-UE_PROJECT_ROOT=$(dirname "$(readlink -f "$0")")
-exec "$UE_PROJECT_ROOT/FakeGame/Binaries/Linux/FakeGame-Linux-Shipping" FakeGame "$@"
-"""
-# The "shipping binary": reads Schola's -ScholaPort=N like a build does and serves the
-# mock game on 127.0.0.1 (a stock Schola build binds loopback). It writes where it ran
-# from and as whom, so the test can see the build came from the volume.
-BINARY = """#!/bin/sh
-port=50051
-for arg in "$@"; do
-  case "$arg" in -ScholaPort=*) port=${arg#-ScholaPort=} ;; esac
-done
-echo "FakeGame from $0 as uid $(id -u), Schola on 127.0.0.1:$port"
-exec uerl mock-ue --host 127.0.0.1 --port "$port"
-"""
 GAME_ZIP = "FakeGame-Linux.zip"
 FILES_NS = "uerl-files"
 
@@ -321,11 +305,7 @@ def fake_build_zip() -> bytes:
     restores them for the launcher and whatever is under Binaries/Linux)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, text in (
-            ("Game.sh", LAUNCHER),
-            ("FakeGame/Binaries/Linux/FakeGame-Linux-Shipping", BINARY),
-            ("FakeGame/Content/Paks/FakeGame-LinuxNoEditor.pak", "not a real pak\n"),
-        ):
+        for name, text in fake_build.FILES.items():
             info = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
             info.create_system = 0  # MS-DOS: no Unix mode
             zf.writestr(info, text)

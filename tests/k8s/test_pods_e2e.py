@@ -112,10 +112,13 @@ def images(node: Node, figures: Figures, busybox_ref: str) -> dict[str, str]:
         "ray": images_build.qualified(ray_ref),
         "mock-ue": images_build.qualified(mock_ref),
         "operator": images_build.qualified(images_build.operator_image_ref()),
+        "unreal-game": images_build.qualified(images_build.FAKE_GAME_REF),
         "busybox": busybox_ref,
     }
     start = time.monotonic()
-    node.import_images_from_index([refs["ray"], refs["mock-ue"], refs["operator"]])
+    node.import_images_from_index(
+        [refs["ray"], refs["mock-ue"], refs["operator"], refs["unreal-game"]]
+    )
     figures["image_import_s"] = round(time.monotonic() - start, 1)
     # The learners' own image (`learners.image`; on a GPU pool the CUDA one): here the
     # Ray image under a tag of its own, so the pods show which group runs which.
@@ -1232,3 +1235,58 @@ def test_destroy_leaves_no_pod_container_or_sandbox_of_the_stack(
         return not tasks and not containers
 
     cp.wait_until(node_empty, 120, "no container or sandbox left in containerd")
+
+
+# ---- i. a game as an image (docker/unreal-game.Dockerfile) -----------------------------
+
+GAME_IMAGE_NS = "uerl-game-image"
+
+
+def test_the_game_image_runs_its_build_as_a_pod_passing_its_grpc_probe(
+    node_control_plane: ControlPlane, images: dict[str, str], dev_stack: Up
+) -> None:
+    """The image build.py bakes around the fake packaged build, as a networked game pod
+    of a stack with `executables.in_image` (no volume) and `simulator.probe: grpc`: the
+    pod the manifests build, in a namespace enforcing `restricted`, on the node the stack
+    left (after its destroy)."""
+    from infra import manifests
+    from infra.topology import Topology
+
+    cp = node_control_plane
+    topology = Topology.parse({
+        "name": "img", "namespace": GAME_IMAGE_NS, "pattern": "networked",
+        "simulator": {"kind": "unreal", "image": images["unreal-game"], "probe": "grpc",
+                      "forwarder_image": images["mock-ue"], "cpus": 0.2, "memory": "512Mi"},
+        "executables": {"in_image": True},
+    })  # fmt: skip
+    objects = manifests.build(topology).objects()
+    [namespace] = [o for o in objects if o["kind"] == "Namespace"]
+    [games] = [o for o in objects if o["kind"] == "StatefulSet"]
+    template = games["spec"]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "game", "namespace": GAME_IMAGE_NS,
+                        "labels": template["metadata"]["labels"]},
+           "spec": template["spec"]}  # fmt: skip
+    cp.apply([namespace, pod])
+    try:
+        cp.kubectl("wait", "-n", GAME_IMAGE_NS, "--for=condition=Ready", "--timeout=180s",
+                   "pod/game", timeout_s=200)  # fmt: skip
+        ran = cp.get_json("pod", "-n", GAME_IMAGE_NS, "game")
+        [game] = [c for c in ran["spec"]["containers"] if c["name"] == "ue"]
+        assert game["readinessProbe"]["exec"]["command"][0] == "schola-probe"
+        assert not ran["spec"].get("volumes", []) or all(
+            "persistentVolumeClaim" not in v for v in ran["spec"]["volumes"]
+        )
+        log = cp.kubectl("logs", "-n", GAME_IMAGE_NS, "game", "-c", "ue").stdout
+        ran_from = "/opt/ue/FakeGame/Binaries/Linux/FakeGame-Linux-Shipping"
+        assert f"FakeGame from {ran_from} as uid 1000" in log, log
+
+        def probe(target: str) -> subprocess.CompletedProcess[str]:
+            return cp.kubectl("exec", "-n", GAME_IMAGE_NS, "game", "-c", "ue", "--",
+                              "schola-probe", target, "2", check=False)  # fmt: skip
+
+        assert probe("127.0.0.1:50052").returncode == 0  # the game, behind its forwarder
+        refused = probe("127.0.0.1:1")
+        assert refused.returncode == 1 and "UNAVAILABLE" in refused.stderr, refused.stderr
+    finally:
+        cp.kubectl("delete", "namespace", GAME_IMAGE_NS, "--wait=true", timeout_s=300)

@@ -6,8 +6,10 @@
 
 Images: ray (CPU: torch's CUDA libraries stubbed, cuda_stubs.py), ray-cuda (PyPI's CUDA
 torch, for GPU learners; built only when named), mock-ue (tagged as infra/topology.py
-says) and kuberay-operator (the chart's repository, tagged with the binary's own version:
-a stack sets `operator.values.image.tag`).
+says), unreal-game (docker/unreal-game.Dockerfile around fake_build.py's fake packaged
+build, on the mock-ue image: the tier runs it as a game pod) and kuberay-operator (the
+chart's repository, tagged with the binary's own version: a stack sets
+`operator.values.image.tag`).
 Needs root, buildah and debootstrap (tests/k8s/build/install-node-packages.sh), the
 project's .venv (`make setup`: torch with its CUDA wheels, for the stubs), cargo, and for
 the operator the binary tests/k8s/build/build.sh builds.
@@ -51,6 +53,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import fake_build  # beside this file
 
 ROOT = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("UERL_IMAGE_CACHE", "~/.cache/uerl-images")).expanduser()
@@ -364,6 +368,9 @@ class Image:
     # Extra context entries: context-relative name -> a host path (file or directory).
     extra: dict[str, Path] = field(default_factory=dict)
     uses_base: bool = True
+    # Another image of this run whose archive is BASE_IMAGE instead of the debootstrap
+    # base (built before this one).
+    base_from: str | None = None
 
     @property
     def ref(self) -> str:
@@ -552,6 +559,10 @@ def qualified(ref: str) -> str:
     return f"docker.io/{ref}"
 
 
+# The tier's game image: docker/unreal-game.Dockerfile baked around fake_build.py.
+FAKE_GAME_REF = "uerl/fake-unreal-game:0.1.0"
+
+
 def cuda_ref() -> str:
     """The CUDA Ray image's tag, from infra/topology.py."""
     sys.path.insert(0, str(ROOT))
@@ -588,6 +599,17 @@ def images(wanted: Iterable[str], native_dir: Path | None, python: str | None) -
                   build_args={"TORCH_CUDA": torch_cuda})
         )  # fmt: skip
     out.append(Image("mock-ue", mock_ref, ROOT / "docker" / "mock-ue.Dockerfile"))
+    if "unreal-game" in wanted:
+        # docker/unreal-game.Dockerfile around the fake packaged build, on the mock game's
+        # image (the fake build's binary runs `uerl mock-ue`).
+        game = CACHE / "fake-game"
+        shutil.rmtree(game, ignore_errors=True)
+        fake_build.write(game)
+        out.append(
+            Image("unreal-game", FAKE_GAME_REF, ROOT / "docker" / "unreal-game.Dockerfile",
+                  extra={"game": game, "schola_probe.py": ROOT / "docker" / "schola_probe.py"},
+                  base_from="mock-ue")
+        )  # fmt: skip
     if "kuberay-operator" in wanted:
         out.append(
             Image(
@@ -608,7 +630,7 @@ def load_index() -> dict[str, dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    names = ["base", "native", "ray", "ray-cuda", "mock-ue", "kuberay-operator"]
+    names = ["base", "native", "ray", "ray-cuda", "mock-ue", "unreal-game", "kuberay-operator"]
     parser.add_argument(
         "--only",
         nargs="+",
@@ -659,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
             ]
             for key, value in image.build_args.items():
                 cmd += ["--build-arg", f"{key}={value}"]
+            if image.base_from is not None:
+                below = next(i for i in selected if i.name == image.base_from)
+                cmd += ["--build-arg", f"BASE_IMAGE={below.tag}"]
             cmd.append(str(context))
             print(" ".join(cmd), flush=True)
             if not args.dry_run:
@@ -682,7 +707,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"{image.name}: {src} is missing: run tests/k8s/build/build.sh"
                     )
         context = stage_context(image)
-        inputs = inputs_hash(image, context, base_hash)
+        image_base, image_base_hash = base_archive, base_hash
+        if image.base_from is not None:  # built above (or cached): its archive and inputs
+            below = next(index[i.ref] for i in selected if i.name == image.base_from)
+            image_base, image_base_hash = Path(below["archive"]), below["inputs"]
+        inputs = inputs_hash(image, context, image_base_hash)
         entry = index.get(image.ref, {})
         archive = Path(entry.get("archive", "/nonexistent"))
         if entry.get("inputs") == inputs and archive.exists() and image.name not in args.force:
@@ -690,14 +719,14 @@ def main(argv: list[str] | None = None) -> int:
             timings.append(f"{image.name}: cached")
             continue
         log(f"{image.name}: building {image.ref} (log: {CACHE / 'logs' / (image.name + '.log')})")
-        archive = build_image(image, context, base_archive if image.uses_base else None, inputs)
+        archive = build_image(image, context, image_base if image.uses_base else None, inputs)
         seconds = time.monotonic() - start
         size = archive.stat().st_size >> 20
         index[image.ref] = {
             "name": image.name,
             "archive": str(archive),
             "inputs": inputs,
-            "base": base_hash if image.uses_base else "",
+            "base": image_base_hash if image.uses_base else "",
             "size_mib": str(size),
             "build_seconds": f"{seconds:.1f}",
         }
