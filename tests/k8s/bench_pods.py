@@ -9,7 +9,8 @@ side's median env-steps/s (iterations 3 on: the whole iteration's rate, as the p
 line shows it) and their ratio, and the memory of the node's pieces, the control plane's
 and each pod's (cgroup usage) while the job trains.
 
-    cd tests/k8s && ../../.venv/bin/python bench_pods.py [--iterations 12]
+    cd tests/k8s && ../../.venv/bin/python bench_pods.py [--iterations 12] [--cfs-quota]
+                                                         [--no-cpu-limits] [--skip-local]
 
 Needs root, build.sh's binaries, install-node-packages.sh and `make images-local`.
 """
@@ -57,11 +58,11 @@ def median_rate(log: str) -> float:
     return statistics.median(rates) if rates else float("nan")
 
 
-def on_pods(iterations: int) -> dict[str, object]:
+def on_pods(iterations: int, *, cfs_quota: bool, cpu_limits: bool) -> dict[str, object]:
     out: dict[str, object] = {}
     with (
         ControlPlane(api_address=NODE_API_ADDRESS, nodes=(), kuberay_operator=False) as cp,
-        Node(cp) as node,
+        Node(cp, cpu_cfs_quota=cfs_quota) as node,
     ):
         busybox = busybox_image()
         node.import_image(busybox.archive)
@@ -74,7 +75,11 @@ def on_pods(iterations: int) -> dict[str, object]:
         out["image import s"] = time.monotonic() - start
         work = Path(tempfile.mkdtemp(prefix="uerl-bench-pods-"))
         project = PulumiProject(work, cp.kubeconfig)
-        project.new_stack("dev", settings_for(busybox.ref))
+        settings = settings_for(busybox.ref)
+        if not cpu_limits:  # requests only: a container may use the node's idle CPU
+            for group in ("ray.head", "learners", "workers", "simulator"):
+                settings[f"topology.{group}.cpu_limits"] = "false"
+        project.new_stack("dev", settings)
         started = time.monotonic()
         up = project.up("dev", "--skip-preview", timeout_s=900)
         out["pulumi up s"] = up.seconds
@@ -115,16 +120,30 @@ def on_local(iterations: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument(
+        "--cfs-quota",
+        action="store_true",
+        help="the node enforces CPU limits with CFS quotas (a production kubelet's default)",
+    )
+    parser.add_argument(
+        "--no-cpu-limits",
+        action="store_true",
+        help="the stack asks for CPU requests only (`cpu_limits: false` on every group)",
+    )
+    parser.add_argument("--skip-local", action="store_true", help="no `uerl local` run")
     args = parser.parse_args()
-    pods = on_pods(args.iterations)
-    local = on_local(args.iterations)
+    pods = on_pods(args.iterations, cfs_quota=args.cfs_quota, cpu_limits=not args.no_cpu_limits)
     rate = float(pods["pods env-steps/s"])  # type: ignore[arg-type]
+    print(f"node CFS quotas                  {'on' if args.cfs_quota else 'off'}")
+    print(f"CPU limits                       {'requests only' if args.no_cpu_limits else 'on'}")
     print(f"image import                     {pods['image import s']:7.1f} s")
     print(f"pulumi up (dev stack)            {pods['pulumi up s']:7.1f} s")
     print(f"pulumi up -> first iteration     {pods['pulumi up -> first iteration s']:7.1f} s")
     print(f"env-steps/s, real pods (median)  {rate:7.0f}")
-    print(f"env-steps/s, uerl local (median) {local:7.0f}")
-    print(f"real pods / uerl local           {rate / local:7.2f}x")
+    if not args.skip_local:
+        local = on_local(args.iterations)
+        print(f"env-steps/s, uerl local (median) {local:7.0f}")
+        print(f"real pods / uerl local           {rate / local:7.2f}x")
     rss = dict(pods["rss MiB"])  # type: ignore[call-overload]
     shims = int(rss.pop("shim count"))
     print(f"resident memory while training (MiB; {shims} pod shims):")

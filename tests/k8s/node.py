@@ -284,7 +284,11 @@ class Node(StartStop):
         pod_cidr: str = NODE_POD_CIDR,
         ready_timeout_s: float = 120.0,
         keep: bool | None = None,
+        cpu_cfs_quota: bool = False,
     ) -> None:
+        """`cpu_cfs_quota`: enforce containers' CPU limits as a production node does (off
+        by default, see the kubelet's config below); bench_pods.py measures both."""
+        self.cpu_cfs_quota = cpu_cfs_quota
         if control_plane.api_address == LOOPBACK:
             raise NodeError(
                 "the control plane serves on 127.0.0.1, which pods cannot reach: start it "
@@ -720,7 +724,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.de
             # Requests still decide what fits (scheduling, Ray's advertised CPUs), but a
             # whole uerl stack shares these 2 cores: with CFS quotas its 0.2-CPU pods
             # would train at a fifth of a core each while the other sits idle.
-            "cpuCFSQuota": False,
+            "cpuCFSQuota": self.cpu_cfs_quota,
             "nodeStatusUpdateFrequency": "4s",
             "syncFrequency": "10s",
         }
