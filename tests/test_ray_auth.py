@@ -143,3 +143,24 @@ def test_the_gcs_refuses_a_call_without_the_token(token_head: TokenHead) -> None
         bearer = (("authorization", f"Bearer {token_head.token}"),)
         answer = nodes.GetAllNodeInfo(request, timeout=10, metadata=bearer)
         assert len(answer.node_info_list) == 1  # the head
+
+
+def _ray_cli(token_head: TokenHead, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    return subprocess.run(
+        [RAY, "job", "list", "--address", token_head.dashboard_url],
+        env={**clean, **env}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_rays_cli_told_the_token_as_the_docs_say_reaches_the_job_api(
+    token_head: TokenHead,
+) -> None:
+    done = _ray_cli(token_head, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token_head.token)
+    assert done.returncode == 0, done.stderr
+
+
+def test_rays_cli_without_the_token_is_refused(token_head: TokenHead) -> None:
+    done = _ray_cli(token_head)
+    assert done.returncode != 0
+    assert "Authentication required" in done.stderr + done.stdout
