@@ -232,6 +232,7 @@ def _supervise(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def _submit(args: argparse.Namespace, command: list[str]) -> int:
+    from training.ray_auth.token_client import RAY_AUTH_TOKEN_KEY
     from training.submit import head, job, port_forward, ray_token, stack_endpoints
 
     endpoints = stack_endpoints.endpoints_from(args.endpoints, args.stack)
@@ -257,8 +258,6 @@ def _submit(args: argparse.Namespace, command: list[str]) -> int:
 
         def follow_hint() -> str:
             pod = connection.head or finder.current
-            from training.ray_auth.token_client import RAY_AUTH_TOKEN_KEY
-
             address = "--address http://127.0.0.1:8265"
             secret = endpoints.ray.token_secret
             # Ray's CLI sends RAY_AUTH_TOKEN when RAY_AUTH_MODE is token.
