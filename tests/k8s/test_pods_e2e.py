@@ -215,8 +215,9 @@ def test_the_learner_pod_runs_the_learners_image_and_the_others_rays(
     node_control_plane: ControlPlane, dev_stack: Up, images: dict[str, str]
 ) -> None:
     ran = {
-        p["metadata"]["labels"]["ray.io/group"]: p["status"]["containerStatuses"][0]["image"]
+        p["metadata"]["labels"]["ray.io/group"]: p["spec"]["containers"][0]["image"]
         for p in ray_pods(node_control_plane)
+        if running_and_ready(p)
     }
     assert ran == {
         "headgroup": images["ray"],
