@@ -214,8 +214,10 @@ def test_the_head_mounts_the_endpoints_the_stack_exports(
 def test_the_learner_pod_runs_the_learners_image_and_the_others_rays(
     node_control_plane: ControlPlane, dev_stack: Up, images: dict[str, str]
 ) -> None:
-    ran = {
-        p["metadata"]["labels"]["ray.io/group"]: p["spec"]["containers"][0]["image"]
+    ran = {  # as containerd names them (the topology's default is written unqualified)
+        p["metadata"]["labels"]["ray.io/group"]: images_build.qualified(
+            p["spec"]["containers"][0]["image"]
+        )
         for p in ray_pods(node_control_plane)
         if running_and_ready(p)
     }
