@@ -11,13 +11,12 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from http_status import http_status
 from local_runs import PROJECT_ROOT
 from proc_tree import Deadline, StartedProcesses
 
@@ -59,7 +58,7 @@ def token_head(
         )  # fmt: skip
     url = f"http://{NODE_IP}:{dashboard}"
     deadline = time.monotonic() + module_deadline.left(120)
-    while _status(f"{url}/api/version", {"Authorization": f"Bearer {token}"}) != 200:
+    while http_status(f"{url}/api/version", {"Authorization": f"Bearer {token}"}) != 200:
         assert time.monotonic() < deadline, f"the head's job API never answered:\n{log.read_text()}"
         time.sleep(0.5)
     yield TokenHead(token, url, f"{NODE_IP}:{gcs}")
@@ -68,24 +67,13 @@ def token_head(
     log.unlink(missing_ok=True)
 
 
-def _status(url: str, headers: dict[str, str]) -> int | None:
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None  # not listening yet
-
-
 def test_the_job_api_refuses_a_call_without_the_token_or_with_another(
     token_head: TokenHead,
 ) -> None:
     jobs = f"{token_head.dashboard_url}/api/jobs/"
-    assert _status(jobs, {}) == 401
-    assert _status(jobs, {"Authorization": "Bearer not-the-token"}) == 403
-    assert _status(jobs, {"Authorization": f"Bearer {token_head.token}"}) == 200
+    assert http_status(jobs, {}) == 401
+    assert http_status(jobs, {"Authorization": "Bearer not-the-token"}) == 403
+    assert http_status(jobs, {"Authorization": f"Bearer {token_head.token}"}) == 200
 
 
 def test_submits_job_client_reaches_the_job_api_with_the_token(token_head: TokenHead) -> None:

@@ -25,8 +25,6 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +32,7 @@ from typing import Any
 
 import pytest
 from controlplane import NODE_API_ADDRESS, ControlPlane
+from http_status import http_status  # tests/, on the path via its conftest
 from node import Node
 from node_images import busybox_image
 from object_store import ObjectStore
@@ -250,15 +249,6 @@ def test_every_ray_pod_has_a_memory_backed_dev_shm_of_its_groups_size(
 # ---- Ray behind the stack's token --------------------------------------------------------
 
 
-def _http_status(url: str, headers: dict[str, str]) -> int:
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
 def test_every_ray_container_is_given_the_token_from_the_secret_kuberay_made(
     node_control_plane: ControlPlane, dev_stack: Up, project: PulumiProject
 ) -> None:
@@ -281,9 +271,9 @@ def test_the_job_api_refuses_a_caller_without_the_token_and_takes_one_with_it(
 ) -> None:
     dashboard.ensure()
     jobs = f"{dashboard.url}/api/jobs/"
-    assert _http_status(jobs, {}) == 401
-    assert _http_status(jobs, {"Authorization": "Bearer not-the-token"}) == 403
-    assert _http_status(jobs, token_client.headers(ray_token(node_control_plane))) == 200
+    assert http_status(jobs, {}) == 401
+    assert http_status(jobs, {"Authorization": "Bearer not-the-token"}) == 403
+    assert http_status(jobs, token_client.headers(ray_token(node_control_plane))) == 200
 
 
 def test_the_gcs_refuses_a_caller_without_the_token_and_takes_one_with_it(
