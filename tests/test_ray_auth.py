@@ -61,10 +61,25 @@ def token_head(
     while http_status(f"{url}/api/version", {"Authorization": f"Bearer {token}"}) != 200:
         assert time.monotonic() < deadline, f"the head's job API never answered:\n{log.read_text()}"
         time.sleep(0.5)
+    # The dashboard answers before the head's raylet has registered with the GCS.
+    while _gcs_nodes(f"{NODE_IP}:{gcs}", token) < 1:
+        assert time.monotonic() < deadline, f"the head never registered:\n{log.read_text()}"
+        time.sleep(0.5)
     yield TokenHead(token, url, f"{NODE_IP}:{gcs}")
     assert started_for_module.stop() == []  # the head by pid, then its session's files
     shutil.rmtree(temp_dir, ignore_errors=True)
     log.unlink(missing_ok=True)
+
+
+def _gcs_nodes(address: str, token: str) -> int:
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        nodes = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        bearer = (("authorization", f"Bearer {token}"),)
+        request = gcs_service_pb2.GetAllNodeInfoRequest()
+        return len(nodes.GetAllNodeInfo(request, timeout=10, metadata=bearer).node_info_list)
 
 
 def test_the_job_api_refuses_a_call_without_the_token_or_with_another(
