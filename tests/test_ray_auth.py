@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from http_status import http_status
 from local_runs import PROJECT_ROOT
 from proc_tree import Deadline, StartedProcesses
+from ray_api_calls import gcs_nodes, http_status
 
 from training.local import processes
 from training.local.ray_cluster import NODE_IP, TEMP_ROOT
@@ -62,24 +62,13 @@ def token_head(
         assert time.monotonic() < deadline, f"the head's job API never answered:\n{log.read_text()}"
         time.sleep(0.5)
     # The dashboard answers before the head's raylet has registered with the GCS.
-    while _gcs_nodes(f"{NODE_IP}:{gcs}", token) < 1:
+    while not gcs_nodes(f"{NODE_IP}:{gcs}", token, timeout_s=10):
         assert time.monotonic() < deadline, f"the head never registered:\n{log.read_text()}"
         time.sleep(0.5)
     yield TokenHead(token, url, f"{NODE_IP}:{gcs}")
     assert started_for_module.stop() == []  # the head by pid, then its session's files
     shutil.rmtree(temp_dir, ignore_errors=True)
     log.unlink(missing_ok=True)
-
-
-def _gcs_nodes(address: str, token: str) -> int:
-    import grpc
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        nodes = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        bearer = (("authorization", f"Bearer {token}"),)
-        request = gcs_service_pb2.GetAllNodeInfoRequest()
-        return len(nodes.GetAllNodeInfo(request, timeout=10, metadata=bearer).node_info_list)
 
 
 def test_the_job_api_refuses_a_call_without_the_token_or_with_another(
@@ -135,17 +124,11 @@ def test_uerl_supervise_given_another_token_stops_at_once_as_bad_input(
 
 def test_the_gcs_refuses_a_call_without_the_token(token_head: TokenHead) -> None:
     import grpc
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
-    with grpc.insecure_channel(token_head.gcs_address) as channel:
-        nodes = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        request = gcs_service_pb2.GetAllNodeInfoRequest()
-        with pytest.raises(grpc.RpcError) as refused:
-            nodes.GetAllNodeInfo(request, timeout=10)
-        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        bearer = (("authorization", f"Bearer {token_head.token}"),)
-        answer = nodes.GetAllNodeInfo(request, timeout=10, metadata=bearer)
-        assert len(answer.node_info_list) == 1  # the head
+    with pytest.raises(grpc.RpcError) as refused:
+        gcs_nodes(token_head.gcs_address, timeout_s=10)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert len(gcs_nodes(token_head.gcs_address, token_head.token, timeout_s=10)) == 1  # the head
 
 
 def _ray_cli(token_head: TokenHead, **env: str) -> subprocess.CompletedProcess[str]:

@@ -32,7 +32,6 @@ from typing import Any
 
 import pytest
 from controlplane import NODE_API_ADDRESS, ControlPlane
-from http_status import http_status  # tests/, on the path via its conftest
 from node import Node
 from node_images import busybox_image
 from object_store import ObjectStore
@@ -58,6 +57,7 @@ from pods_stack import (
 )
 from pulumi_project import PulumiProject, Result
 from pyarrow import fs
+from ray_api_calls import gcs_nodes, http_status  # tests/, on the path via its conftest
 from stacks import running_and_ready
 
 from infra.topology import JOB_STOP_GRACE_S, quantity_value
@@ -280,21 +280,14 @@ def test_the_gcs_refuses_a_caller_without_the_token_and_takes_one_with_it(
     node_control_plane: ControlPlane, dev_stack: Up, tmp_path: Path
 ) -> None:
     import grpc
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
     cp = node_control_plane
-    with (
-        PortForward(cp, tmp_path, 6379) as gcs,
-        grpc.insecure_channel(f"127.0.0.1:{gcs.port}") as channel,
-    ):
-        nodes = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        request = gcs_service_pb2.GetAllNodeInfoRequest()
+    with PortForward(cp, tmp_path, 6379) as gcs:
         with pytest.raises(grpc.RpcError) as refused:
-            nodes.GetAllNodeInfo(request, timeout=30)
+            gcs_nodes(f"127.0.0.1:{gcs.port}")
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        bearer = tuple((k.lower(), v) for k, v in token_client.headers(ray_token(cp)).items())
-        answer = nodes.GetAllNodeInfo(request, timeout=30, metadata=bearer)
-    alive = [n for n in answer.node_info_list if n.state == n.ALIVE]
+        nodes = gcs_nodes(f"127.0.0.1:{gcs.port}", ray_token(cp))
+    alive = [n for n in nodes if n.state == n.ALIVE]
     assert len(alive) == len(ray_pods(cp))  # the head, the learner, the workers
 
 
