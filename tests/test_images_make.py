@@ -33,8 +33,15 @@ def test_make_images_builds_the_cpu_and_cuda_ray_images_and_the_mock_game() -> N
     (line,) = _make_n("images")
     only = line.split()[line.split().index("--only") + 1 :]
     proc = subprocess.run(
-        [sys.executable, "tests/k8s/images/build.py", "--engine", "docker", "--dry-run",
-         "--only", *only],
+        [
+            sys.executable,
+            "tests/k8s/images/build.py",
+            "--engine",
+            "docker",
+            "--dry-run",
+            "--only",
+            *only,
+        ],
         cwd=PROJECT_ROOT,
         env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         capture_output=True,

@@ -20,8 +20,19 @@ BUILD_SH = ROOT / "tests" / "k8s" / "build" / "build.sh"
 
 # What `make setup/local/test/images/docs/e2e/render` and `pulumi up` run or read.
 # Markdown is left out: it is read by people, not run (docs/ has its own checks).
-SCANNED = ("infra", "training", "protos", "native", "tests", "docker", "Makefile",
-           "pyproject.toml", "mkdocs.yml", "Pulumi.yaml", "Pulumi.dev.yaml")
+SCANNED = (
+    "infra",
+    "training",
+    "protos",
+    "native",
+    "tests",
+    "docker",
+    "Makefile",
+    "pyproject.toml",
+    "mkdocs.yml",
+    "Pulumi.yaml",
+    "Pulumi.dev.yaml",
+)
 
 # Each way the sibling directory has been named from here: relative, absolute, joined to
 # the repository's parent (pathlib or shell), and the variable that overrode it. Not the
@@ -45,7 +56,10 @@ def _run_files() -> list[Path]:
     """Tracked files under SCANNED, and new ones not ignored (a change before its commit)."""
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *SCANNED],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split("\0")
     files = [ROOT / name for name in listed if name and not name.endswith(".md")]
     # This file names the forms it looks for.
@@ -87,33 +101,41 @@ def test_build_sh_reads_the_sibling_only_for_the_go_sources_the_proxy_refuses() 
     assert uses and all("$SHARED/third_party/" in line for line in uses), uses
     # Called for those two sources and nothing else.
     calls = re.findall(r"^\s*patched_source (\S+)", text, re.MULTILINE)
-    assert calls == ['"pulumi-language-python-$PULUMI_VERSION"',
-                     '"pulumi-kubernetes-provider-$PULUMI_KUBERNETES_VERSION/provider"']
+    assert calls == [
+        '"pulumi-language-python-$PULUMI_VERSION"',
+        '"pulumi-kubernetes-provider-$PULUMI_KUBERNETES_VERSION/provider"',
+    ]
 
 
-@pytest.mark.parametrize("line", [
-    'SHARED_SCHEMAS = PROJECT_ROOT.parent / "shared" / "schemas"',
-    'CHART = ROOT.parent / "shared" / "charts" / "kuberay-operator-1.7.0"',
-    'str((PROJECT_ROOT.parent / "shared/charts/kuberay-operator-1.7.0").resolve())',
-    '"topology.operator.chart_path=../shared/charts/kuberay-operator-1.7.0"',
-    'SHARED=${UERL_SHARED_DIR:-$(cd "$HERE/../../../.." && pwd)/shared}',
-    'schema = Path("/work/shared/schemas/pulumi-v3.259.0/project.json")',
-    'kubectl apply -f "$REPO/../shared/charts/x/crds"',
-    'stages="${WORK}/shared/kwok-stages-v0.8.0"',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        'SHARED_SCHEMAS = PROJECT_ROOT.parent / "shared" / "schemas"',
+        'CHART = ROOT.parent / "shared" / "charts" / "kuberay-operator-1.7.0"',
+        'str((PROJECT_ROOT.parent / "shared/charts/kuberay-operator-1.7.0").resolve())',
+        '"topology.operator.chart_path=../shared/charts/kuberay-operator-1.7.0"',
+        'SHARED=${UERL_SHARED_DIR:-$(cd "$HERE/../../../.." && pwd)/shared}',
+        'schema = Path("/work/shared/schemas/pulumi-v3.259.0/project.json")',
+        'kubectl apply -f "$REPO/../shared/charts/x/crds"',
+        'stages="${WORK}/shared/kwok-stages-v0.8.0"',
+    ],
+)
 def test_the_check_recognises_each_way_of_naming_the_sibling(line: str) -> None:
     assert _names_sibling(line)
 
 
-@pytest.mark.parametrize("line", [
-    'return {aid: SHARED_POLICY_ID for aid in sorted(agents)}  # "shared"',
-    'game = two_carts().with_policies("shared")',
-    'shared = {"name": "shared", "mountPath": "/shared"}',
-    '["sh", "-c", "cat /shared/sidecar-up && exec sleep 3600"]',
-    "`shared_health.py` (every runner's game state in Ray's GCS store)",
-    "github.com/aws/aws-sdk-go-v2/service/internal/s3shared v1.19.32",
-    'if "../shared" in line',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        'return {aid: SHARED_POLICY_ID for aid in sorted(agents)}  # "shared"',
+        'game = two_carts().with_policies("shared")',
+        'shared = {"name": "shared", "mountPath": "/shared"}',
+        '["sh", "-c", "cat /shared/sidecar-up && exec sleep 3600"]',
+        "`shared_health.py` (every runner's game state in Ray's GCS store)",
+        "github.com/aws/aws-sdk-go-v2/service/internal/s3shared v1.19.32",
+        'if "../shared" in line',
+    ],
+)
 def test_the_check_leaves_other_uses_of_the_word_alone(line: str) -> None:
     assert not _names_sibling(line)
 

@@ -173,3 +173,22 @@ def test_a_bad_flag_is_refused_before_ray_rllib_or_torch_is_imported(argv: list[
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.stdout.splitlines() == ["exit 2", "[]"], proc.stdout + proc.stderr
+
+
+def test_a_crash_in_native_code_prints_where_every_thread_was() -> None:
+    # A segfault after the command started (as in Ray's teardown) is reported by the CLI's
+    # fault handler: the Python stack of each thread, then the signal's exit status.
+    crash = "\n".join(
+        [
+            "import ctypes",
+            "from training.cli import main",
+            "main(['--help'])",
+            "ctypes.string_at(0)",
+        ]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", crash], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == -11
+    assert "Fatal Python error: Segmentation fault" in proc.stderr
+    assert 'File "<string>", line 4' in proc.stderr

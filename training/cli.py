@@ -6,7 +6,10 @@ Each subcommand lives in its own module and is imported only when chosen, so
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import importlib
+import io
 import sys
 from collections.abc import Sequence
 
@@ -54,7 +57,16 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+def _report_crashes() -> None:
+    """A crash in native code (Ray's core worker, gRPC, torch) then says where each
+    thread was, on stderr, instead of ending the command with a bare signal."""
+    # Called in-process with its output captured, stderr is no file: nowhere to say it.
+    with contextlib.suppress(AttributeError, ValueError, io.UnsupportedOperation):
+        faulthandler.enable(all_threads=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _report_crashes()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:  # no command: usage on stderr, exit 2, as argparse does for a missing one
         print(_usage(), file=sys.stderr)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
@@ -162,27 +163,42 @@ def _run_training(
             endpoints.num_env_runners, give_up_after_s=options.game_down_limit_s
         )
         try:
-            rescaler = Rescaler(
-                algo,
-                endpoints,
-                game,
-                watch=(
-                    EndpointsWatch(options.endpoints_file, endpoints)
-                    if options.endpoints_file is not None
-                    else None
-                ),
-                admission_timeout_s=options.preflight_timeout_s,
-                log=log,
-                events_path=options.run_dir / EVENTS_NAME,
-            )
-            result = _loop(algo, options, stop, log, board, game, rescaler, store)
+            result = _loop(
+                algo, options, stop, log, board, game,
+                _rescaler(algo, endpoints, game, options, log), store,
+            )  # fmt: skip
         finally:
             algo.stop()
+            # RLlib's objects hold actor handles and in-flight object refs, some in
+            # reference cycles: free them while Ray is connected, never in its teardown
+            # (a driver once died of SIGSEGV in the moments after `ray.shutdown()`).
+            del algo
+            gc.collect()
+        # Everything the run leaves is written before Ray is let go: teardown comes last.
+        result.csv_path, result.png_path = _write_artefacts(options, result.rows)
     finally:
         ray.shutdown()
-    result.csv_path, result.png_path = _write_artefacts(options, result.rows)
     result.wall_s = time.monotonic() - started
     return result
+
+
+def _rescaler(
+    algo: Any, endpoints: Endpoints, game: GameSpec, options: TrainOptions, log: Log
+) -> Rescaler:
+    """Follows `options.endpoints_file` (rewritten on a rescale) when there is one."""
+    return Rescaler(
+        algo,
+        endpoints,
+        game,
+        watch=(
+            EndpointsWatch(options.endpoints_file, endpoints)
+            if options.endpoints_file is not None
+            else None
+        ),
+        admission_timeout_s=options.preflight_timeout_s,
+        log=log,
+        events_path=options.run_dir / EVENTS_NAME,
+    )
 
 
 def _league_settings(options: TrainOptions) -> SelfPlaySettings:

@@ -19,6 +19,7 @@ weights to the runners and samples whole episodes (deterministic actions unless
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
@@ -273,20 +274,23 @@ def _run_eval(
             options=options,
             log=log,
         )
+        # RLlib's reference cycles are freed while Ray is connected, and the report is
+        # written before Ray is let go: its teardown comes last (see run.driver).
+        gc.collect()
+        result = _report(
+            path,
+            meta,
+            options,
+            summaries=summaries,
+            games=games,
+            num_runners=endpoints.num_env_runners,
+            opponent=opponent,
+            started=started,
+        )
+        options.report_path.parent.mkdir(parents=True, exist_ok=True)
+        options.report_path.write_text(json.dumps(result.model_dump(), indent=2) + "\n")
     finally:
         ray.shutdown()
-    result = _report(
-        path,
-        meta,
-        options,
-        summaries=summaries,
-        games=games,
-        num_runners=endpoints.num_env_runners,
-        opponent=opponent,
-        started=started,
-    )
-    options.report_path.parent.mkdir(parents=True, exist_ok=True)
-    options.report_path.write_text(json.dumps(result.model_dump(), indent=2) + "\n")
     return result
 
 

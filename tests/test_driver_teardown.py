@@ -1,0 +1,125 @@
+"""How a training driver lets Ray go: last, with nothing of RLlib's left to free.
+
+A driver once died of SIGSEGV in the moments after `ray.shutdown()`, with its final
+checkpoint written but its learning curve not. Here an IMPALA run (asynchronous: its
+learner has requests in flight when it stops) watches the moment Ray is disconnected.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import ray
+from ray.rllib.algorithms.algorithm import Algorithm
+
+from infra.topology import Topology
+from training.local.local_endpoints import local_endpoints
+from training.local.ray_cluster import LocalRayCluster, node_specs
+from training.mock_ue import MockUEServer
+from training.rllib import hparams as hp
+from training.run.driver import CSV_NAME, PNG_NAME, TrainOptions, TrainResult, run_training
+
+pytestmark = pytest.mark.slow  # a Ray cluster and a short IMPALA run
+
+TOPOLOGY = Topology.parse({"learners": {"replicas": 1}, "workers": {"replicas": 2}})
+
+
+@dataclass
+class AtShutdown:
+    """What was true when the driver called `ray.shutdown()`."""
+
+    calls: int = 0
+    algorithms_alive: int = 0
+    files: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Run:
+    result: TrainResult
+    at_shutdown: AtShutdown
+
+
+def _free_port_run(length: int) -> int:
+    """A base port with `length` free ports after it (the games' ports)."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + length > 65535:
+            continue
+        try:
+            for offset in range(1, length + 1):
+                with socket.socket() as other:
+                    other.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports on 127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def impala_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    run_dir = tmp_path_factory.mktemp("impala")
+    base = _free_port_run(TOPOLOGY.workers.replicas)
+    games = [
+        MockUEServer("127.0.0.1", base + i, "CartPole-v1", 1)
+        for i in range(1, TOPOLOGY.workers.replicas + 1)
+    ]
+    specs = node_specs(
+        learners=TOPOLOGY.learners.replicas,
+        learner_cpus=TOPOLOGY.learners.cpus,
+        workers=TOPOLOGY.workers.replicas,
+        worker_cpus=TOPOLOGY.workers.cpus,
+        custom_resource=TOPOLOGY.workers.custom_resource,
+        learner_resource=TOPOLOGY.learners.custom_resource,
+    )
+    seen = AtShutdown()
+    disconnect = ray.shutdown
+
+    def watching_shutdown(*args: object, **kwargs: object) -> None:
+        seen.calls += 1
+        seen.algorithms_alive = sum(isinstance(o, Algorithm) for o in gc.get_objects())
+        seen.files = {p.name for p in run_dir.iterdir()}
+        disconnect(*args, **kwargs)
+
+    options = TrainOptions(
+        algo="IMPALA",
+        iterations=4,
+        run_dir=run_dir,
+        checkpoint_dir=run_dir / "checkpoints",
+        hparams=hp.merge("IMPALA"),
+    )
+    with pytest.MonkeyPatch.context() as patch, LocalRayCluster(specs) as cluster:
+        for game in games:
+            game.start()
+        try:
+            endpoints = local_endpoints(
+                TOPOLOGY, gcs_address=cluster.address, client_port=cluster.client_port,
+                base_port=base,
+            )  # fmt: skip
+            patch.setattr(ray, "shutdown", watching_shutdown)
+            result = run_training(endpoints, options, log=lambda line: None)
+        finally:
+            for game in games:
+                game.stop(grace=0)
+    yield Run(result, seen)
+
+
+def test_the_run_trains_to_its_last_iteration(impala_run: Run) -> None:
+    assert impala_run.result.failure is None
+    assert [row.iteration for row in impala_run.result.rows] == [1, 2, 3, 4]
+
+
+def test_no_algorithm_is_left_alive_when_ray_is_disconnected(impala_run: Run) -> None:
+    assert impala_run.at_shutdown.calls >= 1
+    assert impala_run.at_shutdown.algorithms_alive == 0
+
+
+def test_the_metrics_and_learning_curve_are_written_before_ray_is_disconnected(
+    impala_run: Run,
+) -> None:
+    assert {CSV_NAME, PNG_NAME} <= impala_run.at_shutdown.files
