@@ -18,7 +18,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 
 from infra.topology import Topology
 from training.local.local_endpoints import local_endpoints
-from training.local.ray_cluster import LocalRayCluster, node_specs
+from training.local.ray_cluster import LocalRayCluster, topology_node_specs
 from training.mock_ue import MockUEServer
 from training.rllib import hparams as hp
 from training.run.driver import CSV_NAME, PNG_NAME, TrainOptions, TrainResult, run_training
@@ -69,14 +69,6 @@ def impala_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         MockUEServer("127.0.0.1", base + i, "CartPole-v1", 1)
         for i in range(1, TOPOLOGY.workers.replicas + 1)
     ]
-    specs = node_specs(
-        learners=TOPOLOGY.learners.replicas,
-        learner_cpus=TOPOLOGY.learners.cpus,
-        workers=TOPOLOGY.workers.replicas,
-        worker_cpus=TOPOLOGY.workers.cpus,
-        custom_resource=TOPOLOGY.workers.custom_resource,
-        learner_resource=TOPOLOGY.learners.custom_resource,
-    )
     seen = AtShutdown()
     disconnect = ray.shutdown
 
@@ -93,7 +85,8 @@ def impala_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         checkpoint_dir=run_dir / "checkpoints",
         hparams=hp.merge("IMPALA"),
     )
-    with pytest.MonkeyPatch.context() as patch, LocalRayCluster(specs) as cluster:
+    nodes = topology_node_specs(TOPOLOGY)
+    with pytest.MonkeyPatch.context() as patch, LocalRayCluster(nodes) as cluster:
         for game in games:
             game.start()
         try:

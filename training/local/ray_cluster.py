@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from infra.topology import JOB_STOP_GRACE_ENV, JOB_STOP_GRACE_S
+from infra.topology import JOB_STOP_GRACE_ENV, JOB_STOP_GRACE_S, Topology
 from training.local import processes
 
 NODE_IP = "127.0.0.2"
@@ -120,6 +120,18 @@ def node_specs(
         for i in range(1, workers + 1)
     ]
     return specs
+
+
+def topology_node_specs(topology: Topology) -> list[NodeSpec]:
+    """The nodes `topology` asks for: its learners and workers, sized as it says."""
+    return node_specs(
+        learners=topology.learners.replicas,
+        learner_cpus=topology.learners.cpus,
+        workers=topology.workers.replicas,
+        worker_cpus=topology.workers.cpus,
+        custom_resource=topology.workers.custom_resource,
+        learner_resource=topology.learners.custom_resource,
+    )
 
 
 class LocalRayCluster(processes.StartedGroup):

@@ -130,17 +130,10 @@ def _print_line(line: str) -> None:
 
 def _cluster(topology: Topology, run_dir: Path, *, dashboard: bool) -> LocalRayCluster:
     """The Ray nodes of `topology` on this machine (not started yet)."""
-    from training.local.ray_cluster import LocalRayCluster, node_specs
+    from training.local.ray_cluster import LocalRayCluster, topology_node_specs
 
     return LocalRayCluster(
-        node_specs(
-            learners=topology.learners.replicas,
-            learner_cpus=topology.learners.cpus,
-            workers=topology.workers.replicas,
-            worker_cpus=topology.workers.cpus,
-            custom_resource=topology.workers.custom_resource,
-            learner_resource=topology.learners.custom_resource,
-        ),
+        topology_node_specs(topology),
         log_dir=run_dir / "logs",
         dashboard=dashboard,
     )
