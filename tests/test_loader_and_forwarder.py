@@ -57,9 +57,12 @@ def run_loader(tmp_path: Path, archive: Path, user: int | None = None) -> Path:
     fake.write_text(f'#!/bin/sh\nwhile [ "$1" != "-O" ]; do shift; done\ncp {archive} "$2"\n')
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    # From `/`, as in a container without a WORKDIR: the clone's own directory may be one
+    # `user` cannot enter (a `mktemp -d` is 0700), and `find` fails where it cannot return.
     done = subprocess.run(
-        command, env=env, capture_output=True, text=True, umask=0o022, user=user, group=user
-    )
+        command, env=env, capture_output=True, text=True, umask=0o022, user=user, group=user,
+        cwd="/",
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return dest
 
