@@ -9,10 +9,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from host_speed import guard, time_factor
 from proc_tree import (
+    STOP_MARGIN_S,
     TEST_SESSION_ENV,
     Deadline,
     StartedProcesses,
@@ -23,6 +26,8 @@ from proc_tree import (
 )
 
 # ------------------------------------------------- processes: none outlives the suite
+
+TESTS_DIR = Path(__file__).resolve().parent
 
 # Under pytest-xdist each worker checks its own processes at its end and hands what it
 # found to the controller (its `workeroutput`), which reports them and fails the run.
@@ -204,7 +209,33 @@ LEARNING_LAST = (
 )
 
 
+def _scale_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """pytest-timeout's limit of each test here (not tests/k8s/), and of each module for
+    its module fixtures (`module_deadline`), times UERL_TEST_TIME_FACTOR: a scaled mark
+    put first, so it is the closest one, for pytest-timeout and `Deadline` alike."""
+    factor = time_factor()
+    if factor == 1.0:
+        return
+    default = Deadline.configured(config)
+    # Every node's limit first, then the marks: a module's scaled mark must not be read as
+    # the limit of its tests.
+    limits: dict[int, tuple[pytest.Item | pytest.Collector, float]] = {}
+    for item in items:
+        if item.path.resolve().parent != TESTS_DIR:
+            continue
+        for node in (item.getparent(pytest.Module), item):
+            if node is None or id(node) in limits:
+                continue
+            marker = node.get_closest_marker("timeout")
+            limit = float(marker.args[0]) if marker is not None and marker.args else default
+            limits[id(node)] = (node, limit)
+    for node, limit in limits.values():
+        if limit:
+            node.add_marker(pytest.mark.timeout(limit * factor), append=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _scale_timeouts(config, items)
     if not hasattr(config, "workerinput"):  # not an xdist worker: nothing to spread
         last = {name: i for i, name in enumerate(LEARNING_LAST)}
         # Stable: the other modules first, in pytest's order.
@@ -252,14 +283,15 @@ def readme_local_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     costs about half a minute of CI."""
     import subprocess
 
-    from local_runs import PROJECT_ROOT, LocalRun
+    from local_runs import PROJECT_ROOT, README_RUN_TIMEOUT_S, LocalRun
 
     run_dir = tmp_path_factory.mktemp("readme-local") / "run"
     started = time.monotonic()
     args = f"--iterations 3 --run-dir {run_dir}"
     done = subprocess.run(
         ["make", "local", f"ARGS={args}"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+        cwd=PROJECT_ROOT, capture_output=True, text=True,
+        timeout=guard(README_RUN_TIMEOUT_S) - STOP_MARGIN_S,
         env={**os.environ, "MAKEFLAGS": "", "RAY_AUTH_MODE": "token"},
     )  # fmt: skip
     return LocalRun(

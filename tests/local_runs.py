@@ -14,6 +14,11 @@ from proc_tree import StartedProcesses, TreeSampler
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+# pytest-timeout's limit of each test using conftest's `readme_local_run` (a session
+# fixture, so without a `deadline` of its own): its run (`make local`, three iterations:
+# about a minute idle, up to 5x that on a loaded host) ends before, with room to stop.
+README_RUN_TIMEOUT_S = 1200
+
 
 @dataclass
 class LocalRun:

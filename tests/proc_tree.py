@@ -60,8 +60,9 @@ class TreeSampler:
             time.sleep(self.interval_s)
 
 
-def survivors(pids: set[int], *, wait_s: float = 10.0) -> set[int]:
-    """Pids still running (not zombies) after up to `wait_s`."""
+def survivors(pids: set[int], *, wait_s: float = 30.0) -> set[int]:
+    """Pids still running (not zombies) after up to `wait_s` (generous: a loaded host's
+    Ray processes take seconds to exit; nothing left ends it at once)."""
     deadline = time.monotonic() + wait_s
     while True:
         alive = set()
@@ -187,12 +188,25 @@ class Deadline:
     def __init__(self, timeout_s: float | None) -> None:
         self.at = math.inf if not timeout_s else time.monotonic() + timeout_s - STOP_MARGIN_S
 
+    @staticmethod
+    def configured(config: Any) -> float:
+        """pytest-timeout's limit where no mark sets one: `--timeout`, else PYTEST_TIMEOUT,
+        else the ini file's `timeout` (its own order)."""
+        for value in (
+            config.getoption("timeout", None),
+            os.environ.get("PYTEST_TIMEOUT"),
+            config.getini("timeout"),
+        ):
+            if value not in (None, ""):
+                return float(value)
+        return 0.0
+
     @classmethod
     def for_item(cls, node: Any, config: Any) -> Deadline:
         marker = node.get_closest_marker("timeout")
         if marker is not None and marker.args:
             return cls(float(marker.args[0]))
-        return cls(float(config.getini("timeout") or 0))
+        return cls(cls.configured(config))
 
     def left(self, at_most: float = math.inf) -> float:
         """Seconds left (at most `at_most`); AssertionError once none are."""

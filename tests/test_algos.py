@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from local_runs import run_local
+from proc_tree import Deadline
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from training.run.checkpoints import load_modules
@@ -17,7 +18,9 @@ from training.run.evaluation import weights_fingerprint
 # learner's first results come back in the third (measured: losses from iteration 3).
 ITERATIONS = 4
 
-pytestmark = pytest.mark.slow  # two full runs of 10 s+ iterations
+# Two full runs of 10 s+ iterations (idle), one a test: a hang guard far above a run's
+# time beside the Kubernetes tier (up to 5x idle).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def fingerprints(checkpoint: Path) -> dict[str, str]:
@@ -37,10 +40,12 @@ def learner_losses(run_dir: Path) -> dict[str, list[float]]:
 
 
 @pytest.mark.parametrize("algo", ["APPO", "IMPALA"])
-def test_algo_trains_through_the_stack_on_every_game(tmp_path: Path, algo: str) -> None:
+def test_algo_trains_through_the_stack_on_every_game(
+    tmp_path: Path, algo: str, deadline: Deadline
+) -> None:
     run = run_local(
         tmp_path, "--algo", algo, "--workers", "2", "--learners", "1",
-        "--iterations", str(ITERATIONS), "--checkpoint-every", "1",
+        "--iterations", str(ITERATIONS), "--checkpoint-every", "1", timeout_s=deadline.left(),
     )  # fmt: skip
     assert run.returncode == 0, run.output
     with (tmp_path / "metrics.csv").open() as fh:

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from host_speed import guard
 from local_runs import PROJECT_ROOT
 
 from training.cli import main as uerl
@@ -225,7 +226,9 @@ def test_a_directory_without_write_permission_is_refused_naming_it(tmp_path: Pat
     argv = [sys.executable, "-c", code, str(locked / "run")]
     if os.geteuid() == 0:
         argv = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", *argv]
-    result = subprocess.run(argv, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        argv, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=guard(180)
+    )
     assert result.returncode == 2, result.stderr
     assert result.stdout.strip() == (
         f"--run-dir {locked / 'run'}: cannot write in {locked} (Permission denied)"

@@ -51,7 +51,9 @@ def test_every_path_reports_its_cpu_per_step_for_a_continuous_action_env() -> No
     assert all(p.cpu_us is not None and p.cpu_us > 0 for p in result.paths.values()), result
 
 
+# A hang guard: six short PPO paths, minutes at most on a loaded host.
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_end_to_end_ppo_reports_each_path_against_rllibs_single_agent_ppo(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -104,5 +106,5 @@ def test_the_sampling_clock_times_each_of_ppos_sampling_calls_and_puts_it_back(
     monkeypatch.setattr(ppo, "synchronous_parallel_sample", slow_sample)
     with SamplingClock() as clock:
         assert ppo.synchronous_parallel_sample(worker_set=None) == "episodes"
-        assert 0.05 <= clock.last_s < 1.0
+        assert 0.05 <= clock.last_s < 10.0  # the sleep, however loaded the host
     assert ppo.synchronous_parallel_sample is slow_sample

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from host_speed import guard
 
 from training.commands.bench_faults import Fault, _inject, _report, follow
 
@@ -47,7 +48,7 @@ def _progress(iterations: int, port: int) -> list[str]:
     ]
 
 
-def _wait_status(process: psutil.Process, status: str, timeout_s: float = 5.0) -> None:
+def _wait_status(process: psutil.Process, status: str, timeout_s: float = guard(30)) -> None:
     deadline = time.monotonic() + timeout_s
     while process.status() != status:
         assert time.monotonic() < deadline, f"status {process.status()}, not {status}"

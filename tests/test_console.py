@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from host_speed import CLUSTER_START_S
+from local_runs import README_RUN_TIMEOUT_S
+from proc_tree import Deadline
 
 from training.rllib.console import (
     CORE_WORKER_NOISE,
@@ -155,16 +158,19 @@ def one_worker_cluster() -> Iterator[Any]:
     specs = node_specs(
         learners=0, learner_cpus=1, workers=1, worker_cpus=1, custom_resource="ue_worker"
     )
-    with LocalRayCluster(specs) as cluster:
+    with LocalRayCluster(specs, start_timeout_s=CLUSTER_START_S) as cluster:
         yield cluster
 
 
+# A hang guard: a Ray cluster and a short run, minutes at most on a loaded host.
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_an_env_runner_that_cannot_start_shows_its_error_on_the_console(
     one_worker_cluster: Any,
     mock_ue: Callable[..., Any],
     closed_port: int,
     tmp_path: Path,
+    deadline: Deadline,
 ) -> None:
     from infra.topology import Topology
     from training.local.local_endpoints import local_endpoints
@@ -195,7 +201,7 @@ def test_an_env_runner_that_cannot_start_shows_its_error_on_the_console(
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=deadline.left(),
     )
     console = run.stdout + run.stderr
     assert run.returncode == 1, console
@@ -209,6 +215,7 @@ def test_an_env_runner_that_cannot_start_shows_its_error_on_the_console(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(README_RUN_TIMEOUT_S)
 def test_a_training_run_prints_none_of_rays_routine_lines_and_logs_them(
     readme_local_run: Any,
 ) -> None:

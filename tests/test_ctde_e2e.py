@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 from local_runs import PROJECT_ROOT, run_local
-from proc_tree import StartedProcesses
+from proc_tree import Deadline, StartedProcesses
 
-pytestmark = pytest.mark.slow
+# A hang guard, for the module fixture's bench with the first test as for each test: the
+# bench took 75 s alone and 264 and 379 s beside the Kubernetes tier (5x). Each wait below
+# ends before it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ITERATIONS = 25
 RELAY = ["--env", "uerl/Relay-v0", "--envs", "8"]
@@ -35,7 +38,7 @@ class Bench:
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
+def bench(tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline) -> Bench:
     out = tmp_path_factory.mktemp("bench-policies")
     argv = [
         sys.executable, "-m", "training.cli", "bench-policies", *RELAY[:2],
@@ -46,7 +49,12 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Bench:
         proc = started.popen(
             argv, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        output, _ = proc.communicate(timeout=1200)
+        try:
+            output, _ = proc.communicate(timeout=module_deadline.left())
+        except subprocess.TimeoutExpired:
+            started.stop()
+            output, _ = proc.communicate()
+            raise AssertionError(f"uerl bench-policies did not finish in time:\n{output}") from None
     print(output)
     return Bench(out, output, proc.returncode)
 
@@ -68,11 +76,13 @@ def test_the_bench_draws_the_learning_curves(bench: Bench) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_checkpoint_exports_each_actor_on_its_own_observation(bench: Bench) -> None:
+def test_the_checkpoint_exports_each_actor_on_its_own_observation(
+    bench: Bench, deadline: Deadline
+) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "export", "--checkpoint",
          str(bench.ctde_checkpoints), "--out", str(bench.out / "onnx")],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=deadline.left(),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     import onnx
@@ -84,24 +94,26 @@ def test_the_checkpoint_exports_each_actor_on_its_own_observation(bench: Bench) 
         assert [d.dim_value for d in obs.type.tensor_type.shape.dim][1:] == [4]
 
 
-def test_eval_plays_each_agents_actor(bench: Bench) -> None:
+def test_eval_plays_each_agents_actor(bench: Bench, deadline: Deadline) -> None:
     report = bench.out / "eval.json"
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "local", "eval", *RELAY, "--workers", "1",
          "--learners", "0", "--checkpoint", str(bench.ctde_checkpoints), "--episodes", "16",
          "--output", str(report), "--run-dir", str(bench.out / "eval")],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=deadline.left(),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(json.loads(report.read_text())["policies"]) == ["runner", "spotter"]
 
 
-def test_a_game_whose_agents_act_apart_stops_the_run_with_one_line(tmp_path: Path) -> None:
+def test_a_game_whose_agents_act_apart_stops_the_run_with_one_line(
+    tmp_path: Path, deadline: Deadline
+) -> None:
     # TwoTeams' carts fall on their own while the pendulum swings on; one remote learner,
     # so a failure inside the learner would come back wrapped in Ray's error.
     run = run_local(
         tmp_path / "run", "--env", "uerl/TwoTeams-v0", "--policies", "ctde",
-        "--workers", "1", "--learners", "1", "--iterations", "3", timeout_s=600,
+        "--workers", "1", "--learners", "1", "--iterations", "3", timeout_s=deadline.left(),
     )  # fmt: skip
     assert run.returncode == 1, run.output
     line = "--policies ctde needs every agent to act at every step of an episode"

@@ -57,7 +57,8 @@ def test_unreachable_game_fails_within_the_timeout(closed_port: int) -> None:
     start = time.monotonic()
     with pytest.raises(UEConnectionError, match=f"127.0.0.1:{closed_port} did not answer"):
         discover(f"127.0.0.1:{closed_port}", timeout_s=1.0)
-    assert time.monotonic() - start < 3.0
+    # Within the 1 s, with room for a loaded host; ignoring it would retry for 45 s.
+    assert time.monotonic() - start < 1.0 + 7.0
 
 
 def test_cli_prints_json_that_loads_back(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from doc_blocks import PROJECT_ROOT, Block, all_blocks, commands_not_run
+from proc_tree import Deadline
 
 from infra.topology_reference import markdown_table, rows
 
@@ -30,14 +31,14 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
+def site(tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline) -> Site:
     directory = tmp_path_factory.mktemp("site")
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(directory)],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=module_deadline.left(),
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     return Site(directory, done)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 from doc_blocks import PROJECT_ROOT
+from host_speed import guard
+from local_runs import README_RUN_TIMEOUT_S
 
 
 def uerl(command: str, cwd: Path = PROJECT_ROOT) -> subprocess.CompletedProcess[str]:
@@ -20,7 +22,7 @@ def uerl(command: str, cwd: Path = PROJECT_ROOT) -> subprocess.CompletedProcess[
     assert words[0] == "uerl"
     return subprocess.run(
         [sys.executable, "-m", "training.cli", *words[1:]],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        cwd=cwd, capture_output=True, text=True, timeout=guard(300),
     )  # fmt: skip
 
 
@@ -54,6 +56,7 @@ def test_render_of_a_topology_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(README_RUN_TIMEOUT_S)
 def test_make_local_trains_end_to_end(readme_local_run: Any) -> None:
     # README's first command, short: `make local ARGS="--iterations 3"` (conftest's run).
     run = readme_local_run

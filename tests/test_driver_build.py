@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from host_speed import CLUSTER_START_S
 
 from training.local.ray_cluster import NODE_IP, LocalRayCluster, node_specs
 from training.mock_ue import MockUEServer
@@ -29,7 +30,7 @@ def ray_cluster() -> Iterator[None]:
     specs = node_specs(
         learners=0, learner_cpus=1, workers=2, worker_cpus=1, custom_resource="ue_worker"
     )
-    with LocalRayCluster(specs) as cluster:
+    with LocalRayCluster(specs, start_timeout_s=CLUSTER_START_S) as cluster:
         ray.init(address=cluster.address, _node_ip_address=NODE_IP, log_to_driver=False)
         try:
             yield

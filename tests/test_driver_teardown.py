@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import ray
+from host_speed import CLUSTER_START_S
 from ray.rllib.algorithms.algorithm import Algorithm
 
 from infra.topology import Topology
@@ -23,7 +24,8 @@ from training.mock_ue import MockUEServer
 from training.rllib import hparams as hp
 from training.run.driver import CSV_NAME, PNG_NAME, TrainOptions, TrainResult, run_training
 
-pytestmark = pytest.mark.slow  # a Ray cluster and a short IMPALA run
+# A Ray cluster and a short IMPALA run: a hang guard, far above their loaded time.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 TOPOLOGY = Topology.parse({"learners": {"replicas": 1}, "workers": {"replicas": 2}})
 
@@ -86,7 +88,10 @@ def impala_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         hparams=hp.merge("IMPALA"),
     )
     nodes = topology_node_specs(TOPOLOGY)
-    with pytest.MonkeyPatch.context() as patch, LocalRayCluster(nodes) as cluster:
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        LocalRayCluster(nodes, start_timeout_s=CLUSTER_START_S) as cluster,
+    ):
         for game in games:
             game.start()
         try:

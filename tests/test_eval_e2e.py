@@ -9,17 +9,20 @@ import sys
 
 import pytest
 from local_runs import PROJECT_ROOT, LocalRun, run_local
+from proc_tree import Deadline
 
-pytestmark = pytest.mark.slow
+# A hang guard, for the module fixture's run (two short iterations and an eval, about a
+# minute idle, up to 5x that beside the Kubernetes tier) with the first test as for each.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+def trained(tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline) -> LocalRun:
     run = run_local(
         tmp_path_factory.mktemp("eval-e2e"),
         "--env", "uerl/TwoTeams-v0", "--workers", "2", "--learners", "0",
         "--iterations", "2", "--train-batch-size", "500", "--minibatch-size", "100",
-        "--eval-episodes", "4",
+        "--eval-episodes", "4", timeout_s=module_deadline.left(),
     )  # fmt: skip
     print(run.output)
     return run
@@ -42,10 +45,10 @@ def test_checkpoint_keeps_the_games_named_spaces(trained: LocalRun) -> None:
     assert game["policies"] == ["cart", "pendulum"]
 
 
-def test_both_trained_policies_export_and_verify(trained: LocalRun) -> None:
+def test_both_trained_policies_export_and_verify(trained: LocalRun, deadline: Deadline) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "export", "--checkpoint", str(trained.checkpoints)],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=deadline.left(),
     )  # fmt: skip
     print(done.stdout)
     assert done.returncode == 0, done.stderr

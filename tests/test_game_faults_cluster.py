@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from host_speed import CLUSTER_START_S
 
 from infra.topology import Topology
 from training.local.local_endpoints import local_endpoints
@@ -45,12 +46,14 @@ def cluster() -> Iterator[LocalRayCluster]:
     specs = node_specs(
         learners=0, learner_cpus=1, workers=2, worker_cpus=1, custom_resource="ue_worker"
     )
-    with LocalRayCluster(specs) as started:
+    with LocalRayCluster(specs, start_timeout_s=CLUSTER_START_S) as started:
         yield started
     ray.shutdown()
 
 
+# A hang guard: a Ray cluster and a short run, minutes at most on a loaded host.
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_runners_rejoin_a_game_restarted_on_the_same_fixed_endpoint(
     cluster: LocalRayCluster, tmp_path: Path
 ) -> None:

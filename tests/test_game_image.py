@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from host_speed import guard
 from infra_fixtures import PROJECT_ROOT
 
 from infra import manifests
@@ -42,7 +43,7 @@ def _game_pod(data: dict[str, Any]) -> dict[str, Any]:
 
 def probe(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(PROBE), *argv], capture_output=True, text=True, timeout=60
+        [sys.executable, str(PROBE), *argv], capture_output=True, text=True, timeout=guard(180)
     )
 
 

@@ -1,8 +1,8 @@
 """The compiled game client is a conforming gRPC client: against real gRPC servers
 (grpcio's, whose C core is what Schola's Unreal plugin serves with, and grpc-go's) and
 against hostile raw HTTP/2 servers, it gives what gRPC Python's client gives: the same
-bytes or the same status, never more than 100 ms past a deadline, with bounded memory
-and no panic reaching Python. Where the two differ on purpose, the test says why
+bytes or the same status, never more than LATE_S past a deadline, with bounded memory and
+no panic reaching Python. Where the two differ on purpose, the test says why
 (docs/protocol.md, "The compiled client")."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 import pytest
+from host_speed import guard
 from native_required import require_compiled_client
 from raw_h2_server import (
     CONTINUATION,
@@ -55,6 +56,12 @@ from training.protocol.transport import CallError, Transport
 
 require_compiled_client()
 
+# The first test that needs the grpc-go server builds it (once per source version): a cold
+# build of grpc-go beside CI's other Go build takes minutes. A hang guard above that build's
+# own limit; every other wait here is seconds.
+BUILD_TIMEOUT_S = guard(1500)
+pytestmark = pytest.mark.timeout(1800)
+
 ROOT = Path(__file__).resolve().parent.parent
 GO_SERVER = Path(__file__).parent / "interop" / "grpc_go_server"
 CLIENTS: dict[str, Callable[[str], Transport]] = {
@@ -62,7 +69,10 @@ CLIENTS: dict[str, Callable[[str], Transport]] = {
     "compiled": native.NativeTransport,
 }
 DEADLINE_S = 1.0
-LATE_S = 0.1  # how far past its deadline a call may end
+# How far past its deadline a call may end: a thread's wake-up on a loaded 2-core host
+# (beside a Go build and the Kubernetes tier) can take hundreds of ms; a call that ignored
+# its deadline would end only with the server (3 s) or never.
+LATE_S = 0.5
 NON_ASCII = "nicht bereit ✓ 100%"
 
 Outcome = tuple[str, bytes | str]  # ("OK", reply) or (status name, details)
@@ -158,7 +168,7 @@ def _go_binary() -> Path:
         binary.parent.mkdir(parents=True, exist_ok=True)
         built = subprocess.run(
             ["go", "build", "-trimpath", "-o", str(binary) + ".tmp", "."],
-            cwd=GO_SERVER, capture_output=True, text=True, timeout=900,
+            cwd=GO_SERVER, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
         )  # fmt: skip
         assert built.returncode == 0, built.stderr
         os.replace(str(binary) + ".tmp", binary)
@@ -191,7 +201,7 @@ class ServerSettings:
 
     gzip: bool = False  # compress every reply
     age_ms: int = 0  # GOAWAY each connection after this long
-    keepalive_ms: int = 0  # ping an idle client this often; drop it after 100 ms unanswered
+    keepalive_ms: int = 0  # ping an idle client this often; drop it after 1 s unanswered
     max_streams: int = 0  # max concurrent streams per connection
     port: int = 0
 
@@ -205,7 +215,8 @@ class ServerSettings:
         if self.keepalive_ms:
             options += [
                 ("grpc.keepalive_time_ms", self.keepalive_ms),
-                ("grpc.keepalive_timeout_ms", 100),
+                # Not less: a loaded host's client may take hundreds of ms to answer.
+                ("grpc.keepalive_timeout_ms", 1000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.max_pings_without_data", 0),
             ]
@@ -305,8 +316,9 @@ def test_no_call_fails_while_the_server_recycles_connections_every_half_second(
     with real_server(age_ms=500) as endpoint:
         transport = native.NativeTransport(endpoint)
         failures, calls = [], 0
-        end = time.monotonic() + 3.0
-        while time.monotonic() < end:
+        # At least 3 s (six recycles) and 500 calls, however slow the host; a guard for a hang.
+        end, give_up = time.monotonic() + 3.0, time.monotonic() + 120.0
+        while (time.monotonic() < end or calls <= 500) and time.monotonic() < give_up:
             got = outcome(transport, "/t.T/Echo", b"%d" % calls, 5.0)
             if got != ("OK", b"%d" % calls):
                 failures.append(got)
@@ -323,7 +335,9 @@ def test_keepalive_pings_on_an_idle_connection_are_answered_and_it_stays_open(
         for name, make in CLIENTS.items():
             transport = make(endpoint)
             before = outcome(transport, "/t.T/Peer", b"", 5.0)
-            time.sleep(1.5)  # seven pings' worth, each to be answered within 100 ms
+            # Over ten pings' worth, each to be answered within 1 s: a client that never
+            # answered would be dropped after 1.2 s.
+            time.sleep(3.0)
             after = outcome(transport, "/t.T/Peer", b"", 5.0)
             transport.close()
             assert before[0] == "OK" and after == before, (name, before, after)
@@ -468,7 +482,7 @@ def http1(peer: Peer) -> None:
 
 
 HOSTILE: dict[str, tuple[Callable[[Peer], None], str]] = {
-    # Deadlines: never more than 100 ms late, whatever the server does meanwhile.
+    # Deadlines: never more than LATE_S late, whatever the server does meanwhile.
     "headers_then_silence": (reply_with(lambda s: [headers(s)]), "DEADLINE_EXCEEDED"),
     "pings_forever": (pings_forever, "DEADLINE_EXCEEDED"),
     "a_reply_one_byte_every_50_ms": (trickle, "DEADLINE_EXCEEDED"),
@@ -605,16 +619,17 @@ def test_a_call_the_game_may_have_seen_is_not_sent_again(client: str, goaway: bo
 
 
 def test_a_unary_reply_with_two_messages_fails_at_once() -> None:
-    # gRPC Python waits for the deadline here; the compiled client names the fault.
+    # gRPC Python waits for the deadline here; the compiled client names the fault. A long
+    # deadline: "at once" is well before it, which a loaded host keeps.
     two = grpc_message(b"hi") + grpc_message(b"yo")
     with RawServer(reply_with(lambda s: ok_reply(s, two))) as server:
         transport = native.NativeTransport(server.endpoint)
         start = time.monotonic()
-        got = outcome(transport, "/t.T/Echo", b"", DEADLINE_S)
+        got = outcome(transport, "/t.T/Echo", b"", 10 * DEADLINE_S)
         took = time.monotonic() - start
         transport.close()
     assert got == ("INTERNAL", "a unary reply with more than one message")
-    assert took < DEADLINE_S / 2
+    assert took < 5 * DEADLINE_S
 
 
 CHILD = """

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from host_speed import guard
 from infra_fixtures import PROJECT_ROOT
 
 from infra.topology import SIMULATOR_DEFAULTS, RaySpec, Topology
@@ -82,7 +83,7 @@ def test_a_dry_run_does_not_wait_for_a_build_holding_the_image_cache(tmp_path: P
             env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "UERL_IMAGE_CACHE": str(cache)},
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=guard(180),
         )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "docker build -f docker/mock-ue.Dockerfile" in proc.stdout

@@ -10,6 +10,8 @@ import tomllib
 from collections import Counter
 from pathlib import Path
 
+from host_speed import guard
+
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
@@ -26,7 +28,7 @@ def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=guard(300),
     )
 
 

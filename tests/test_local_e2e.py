@@ -10,10 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from local_runs import LocalRun, run_local, start, wait_for_line
-from proc_tree import StartedProcesses, TreeSampler, survivors
+from local_runs import README_RUN_TIMEOUT_S, LocalRun, run_local, start, wait_for_line
+from proc_tree import Deadline, StartedProcesses, TreeSampler, survivors
 
 ITERATIONS = 3
+
+# A hang guard, for each module fixture's run with the first test using it, as for each
+# test: a short run (a Ray start, games, three iterations) takes about a minute idle and
+# up to 5x that beside the Go build and the Kubernetes tier. Each wait below ends before it.
+pytestmark = pytest.mark.timeout(1200)
 
 
 # The sidecar run in `make test`, plaintext like `make local`; the networked one, a
@@ -23,6 +28,8 @@ ITERATIONS = 3
 )
 def local_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
     pattern = request.param
+    # Not `module_deadline`: that is set once for the module, and this runs once a param.
+    deadline = Deadline.for_item(request.node, request.config)
     run_dir = tmp_path_factory.mktemp(f"local-{pattern}")
     tls = ["--tls", "mutual"] if pattern == "networked" else []
     run = run_local(
@@ -42,6 +49,7 @@ def local_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         "500",
         "--minibatch-size",
         "100",
+        timeout_s=deadline.left(),
     )
     print(
         f"\n[{pattern}] wall {run.wall_s:.1f}s, peak RSS of the tree "
@@ -136,7 +144,7 @@ def test_leaves_no_process_behind(local_run: LocalRun) -> None:
     "sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)]
 )
 def test_signal_during_training_stops_cleanly_with_a_final_checkpoint(
-    tmp_path: Path, sig: signal.Signals, started: StartedProcesses
+    tmp_path: Path, sig: signal.Signals, started: StartedProcesses, deadline: Deadline
 ) -> None:
     proc = start(
         started,
@@ -155,9 +163,9 @@ def test_signal_during_training_stops_cleanly_with_a_final_checkpoint(
         "100",
     )
     with TreeSampler(proc.pid) as sampler:
-        seen = wait_for_line(proc, "iter    1 |", timeout_s=180)
+        seen = wait_for_line(proc, "iter    1 |", timeout_s=deadline.left())
         os.kill(proc.pid, sig)
-        rest, _ = proc.communicate(timeout=120)
+        rest, _ = proc.communicate(timeout=deadline.left())
     assert proc.returncode == 130, seen + rest
     latest = (tmp_path / "checkpoints" / "latest").read_text()
     assert (tmp_path / "checkpoints" / latest).is_dir()
@@ -165,20 +173,21 @@ def test_signal_during_training_stops_cleanly_with_a_final_checkpoint(
 
 
 def test_signal_during_startup_stops_everything_started_so_far(
-    tmp_path: Path, started: StartedProcesses
+    tmp_path: Path, started: StartedProcesses, deadline: Deadline
 ) -> None:
     proc = start(started, tmp_path, "--workers", "2", "--learners", "1", "--iterations", "100")
     with TreeSampler(proc.pid, interval_s=0.1) as sampler:
-        seen = wait_for_line(proc, "logs in", timeout_s=60)
+        seen = wait_for_line(proc, "logs in", timeout_s=deadline.left())
         time.sleep(2)  # nodes and games are starting
         os.kill(proc.pid, signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
+        rest, _ = proc.communicate(timeout=deadline.left())
     assert proc.returncode == 130, seen + rest
     assert len(sampler.pids) > 1
     assert survivors(sampler.pids - {proc.pid}) == set()
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(README_RUN_TIMEOUT_S)
 def test_an_inherited_ray_auth_mode_does_not_break_the_run(readme_local_run: LocalRun) -> None:
     # A shell (or an earlier in-process `ray.init`) may export RAY_AUTH_MODE=token; the
     # local cluster runs without auth, and its driver must agree (conftest's run has it).

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from host_speed import guard
 
 from infra.topology import Topology
 from training.clients.game_client import GymClient
@@ -35,7 +36,7 @@ def test_games_listen_on_base_port_plus_worker_index_and_discovery_on_base(
             ("ue-2", base + 2),
         ]
         for game in games.games:
-            grpc_ready(game.endpoint, timeout_s=10, what=game.name)
+            grpc_ready(game.endpoint, timeout_s=guard(60), what=game.name)
         pids = games.pids()
     assert pids and processes.alive(pids) == set()
 
@@ -126,9 +127,10 @@ def test_a_killed_game_is_restarted_on_its_port_and_answers_again(tmp_path: Path
         game = games.worker_game(1)
         first = game.proc
         first.send_signal(signal.SIGKILL)
-        _wait(lambda: game.proc is not first, timeout_s=10)
-        _wait(lambda: game.log.read_text().count("listening on") == 2, timeout_s=30)
-        grpc_ready(game.endpoint, timeout_s=10, what=game.name)
+        # Hang guards: a restart takes about a second idle.
+        _wait(lambda: game.proc is not first, timeout_s=guard(60))
+        _wait(lambda: game.log.read_text().count("listening on") == 2, timeout_s=guard(120))
+        grpc_ready(game.endpoint, timeout_s=guard(60), what=game.name)
         assert games.restarts() == {"ue-1": 1}
         pids = games.pids()
     assert len(lines) == 1 and "ue-1" in lines[0] and "killed by SIGKILL" in lines[0]
@@ -151,7 +153,7 @@ def test_a_game_past_its_restart_cap_is_given_up_with_a_reason_naming_it(
         log=lambda _line: None,
     ) as games:
         games.worker_game(2).proc.send_signal(signal.SIGKILL)
-        _wait(lambda: bool(reasons), timeout_s=10)
+        _wait(lambda: bool(reasons), timeout_s=guard(60))
         assert games.worker_game(1).proc.poll() is None  # the others keep running
     assert len(reasons) == 1
     assert "ue-2" in reasons[0] and "cap 0" in reasons[0] and "--game-restarts" in reasons[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from host_speed import CLUSTER_START_S
 
 from training.local.ray_cluster import NODE_IP, LocalRayCluster, node_specs
 from training.mock_ue import TWO_TEAMS, MockUEServer
@@ -23,7 +24,7 @@ def ray_cluster() -> Iterator[None]:
     specs = node_specs(
         learners=0, learner_cpus=1, workers=2, worker_cpus=1, custom_resource="ue_worker"
     )
-    with LocalRayCluster(specs) as cluster:
+    with LocalRayCluster(specs, start_timeout_s=CLUSTER_START_S) as cluster:
         ray.init(address=cluster.address, _node_ip_address=NODE_IP, log_to_driver=False)
         try:
             yield
@@ -31,7 +32,9 @@ def ray_cluster() -> Iterator[None]:
             ray.shutdown()
 
 
+# A hang guard: a Ray cluster and a short run, minutes at most on a loaded host.
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("env_id", ["CartPole-v1", TWO_TEAMS])
 def test_ppo_trains_two_iterations_against_two_mock_games(
     mock_ue_row: Callable[..., list[MockUEServer]],

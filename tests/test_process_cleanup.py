@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from host_speed import guard
 from proc_tree import StartedProcesses, carrying, new_tag
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -57,7 +58,7 @@ def nested_pytest(
          *args, "test_nested.py"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    output, _ = proc.communicate(timeout=240)
+    output, _ = proc.communicate(timeout=guard(480))
     return proc.returncode, output
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from host_speed import guard
 from local_runs import PROJECT_ROOT
 from proc_tree import Deadline, StartedProcesses
 from ray_api_calls import gcs_nodes, http_status
@@ -57,7 +58,7 @@ def token_head(
             env=env, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     url = f"http://{NODE_IP}:{dashboard}"
-    deadline = time.monotonic() + module_deadline.left(120)
+    deadline = time.monotonic() + module_deadline.left(guard(300))  # a head's start
     while http_status(f"{url}/api/version", {"Authorization": f"Bearer {token}"}) != 200:
         assert time.monotonic() < deadline, f"the head's job API never answered:\n{log.read_text()}"
         time.sleep(0.5)
@@ -115,7 +116,7 @@ def test_uerl_supervise_given_another_token_stops_at_once_as_bad_input(
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "supervise", "--address",
          token_head.dashboard_url, "--run-name", "r1", "--", "--iterations", "1"],
-        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=guard(300),
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "refused this supervisor's token (RAY_AUTH_TOKEN" in done.stderr
@@ -135,7 +136,7 @@ def _ray_cli(token_head: TokenHead, **env: str) -> subprocess.CompletedProcess[s
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     return subprocess.run(
         [RAY, "job", "list", "--address", token_head.dashboard_url],
-        env={**clean, **env}, capture_output=True, text=True, timeout=120,
+        env={**clean, **env}, capture_output=True, text=True, timeout=guard(300),
     )  # fmt: skip
 
 

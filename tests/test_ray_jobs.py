@@ -20,12 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from host_speed import guard
 from local_runs import PROJECT_ROOT, wait_for_line
 from proc_tree import Deadline, StartedProcesses
 
 from training.local.ray_cluster import TEMP_ROOT
 
-pytestmark = pytest.mark.slow
+# A hang guard for the module fixtures' set-up with the first test (a served cluster, a
+# job to its first checkpoint, two refused evals, the job's stop: a few minutes idle, up
+# to 5x that beside the Go build and the Kubernetes tier), as for each test. The waits
+# below end before it, each phase's within its own generous cap.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 RAY = str(Path(sys.executable).with_name("ray"))
 RUNNERS = re.compile(r"\| runners (\d+)/(\d+)(?:, (\d+) unknown)?$")
@@ -45,7 +50,7 @@ def cli_env() -> dict[str, str]:
     return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
 
 
-def ray_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+def ray_cli(*args: str, timeout_s: float = guard(300)) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [RAY, *args],
         cwd=PROJECT_ROOT,
@@ -56,7 +61,7 @@ def ray_cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[s
     )
 
 
-def uerl(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+def uerl(*args: str, timeout_s: float = guard(600)) -> subprocess.CompletedProcess[str]:
     """`uerl ARGS`; killed after `timeout_s`, then returned as killed (-SIGKILL)."""
     argv = [sys.executable, "-m", "training.cli", *args]
     try:
@@ -91,7 +96,7 @@ def served(
         text=True,
     )  # fmt: skip
     # Stopped (SIGTERM, then SIGKILL of its whole tree) by `started_for_module`.
-    wait_for_line(proc, "Ctrl-C stops everything", timeout_s=module_deadline.left(180))
+    wait_for_line(proc, "Ctrl-C stops everything", timeout_s=module_deadline.left(guard(450)))
     endpoints_file = run_dir / "endpoints.json"
     url = json.loads(endpoints_file.read_text())["ray"]["dashboard_url"]
     yield Served(proc, run_dir, endpoints_file, url)
@@ -132,7 +137,7 @@ def job(
         "--train-batch-size", "500", "--minibatch-size", "100",
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    deadline = time.monotonic() + module_deadline.left(240)
+    deadline = time.monotonic() + module_deadline.left(guard(600))
     while not (train_dir / "checkpoints" / "latest").is_file():
         assert time.monotonic() < deadline, job_logs(served)
         assert job_status(served) in ("RUNNING", "PENDING"), job_logs(served)
@@ -141,17 +146,17 @@ def job(
     refused = uerl(
         "eval", "--endpoints", str(served.endpoints_file),
         "--checkpoint", str(train_dir / "checkpoints"), "--episodes", "2",
-        "--preflight-timeout", "20", "--output", str(train_dir / "refused.json"),
-        timeout_s=module_deadline.left(300),
+        "--preflight-timeout", "60", "--output", str(train_dir / "refused.json"),
+        timeout_s=module_deadline.left(guard(600)),
     )  # fmt: skip
     # The same through Ray Client (`ray://`), where the driver sees no per-node usage.
     client_address = json.loads(served.endpoints_file.read_text())["ray"]["client_address"]
     refused_via_client = uerl(
         "eval", "--endpoints", str(served.endpoints_file), "--ray-address", client_address,
         "--checkpoint", str(train_dir / "checkpoints"), "--episodes", "2",
-        "--preflight-timeout", "20", "--timeout", "60",
+        "--preflight-timeout", "60", "--timeout", "180",
         "--output", str(train_dir / "refused-client.json"),
-        timeout_s=module_deadline.left(150),
+        timeout_s=module_deadline.left(guard(600)),
     )  # fmt: skip
     if "Starting Ray client server failed" in refused_via_client.stderr:
         # The proxier's per-client server logs only inside the cluster's session
@@ -164,10 +169,10 @@ def job(
     assert job_status(served) == "RUNNING", job_logs(served)
     stopped = ray_cli(
         "job", "stop", "--address", served.dashboard_url, JOB_ID,
-        timeout_s=module_deadline.left(180),
+        timeout_s=module_deadline.left(guard(450)),
     )  # fmt: skip
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    deadline = time.monotonic() + module_deadline.left(120)
+    deadline = time.monotonic() + module_deadline.left(guard(300))
     while (status := job_status(served)) in ("RUNNING", "PENDING"):
         assert time.monotonic() < deadline
         time.sleep(2)

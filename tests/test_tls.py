@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from forwarder_thread import start_forwarder, stop_forwarder
+from host_speed import guard
 
 from infra import forwarder
 from infra.endpoints import Endpoints, GameTLS
@@ -448,7 +449,7 @@ def test_forwarder_opens_the_game_connection_only_after_the_handshake(
             socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
             client.wrap_socket(raw, server_hostname="127.0.0.1"),
         ):
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + guard(30)
             while counting_game.accepted == 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert counting_game.accepted == 1

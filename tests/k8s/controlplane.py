@@ -28,6 +28,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -37,6 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# tests/ (host_speed, proc_tree): on the path under pytest (tests/conftest.py), not when a
+# bench script runs from tests/k8s.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from host_speed import guard
 from lifecycle import StartStop
 
 HERE = Path(__file__).resolve().parent
@@ -54,6 +59,11 @@ KUBERAY_CRD_NAMES = frozenset(
 )
 
 LOOPBACK = "127.0.0.1"
+# Hang guards (host_speed.guard), not speed goals. A start-up step: the whole start took
+# 17-39 s warm on the loaded 2-core VM (apiserver ready 4.5 s idle).
+READY_TIMEOUT_S = guard(180)
+# Any one kubectl command (a `kubectl wait --timeout=` inside it stays below this).
+KUBECTL_TIMEOUT_S = guard(300)
 # ReadWriteOnce volumes for the stacks' runs claims: more than the stacks one control plane
 # holds in a run (a claim a destroyed stack released is not bound again: Retain).
 RWO_VOLUMES = 32
@@ -227,7 +237,7 @@ class ControlPlane(StartStop):
         kuberay_operator: bool = True,
         kuberay_crds: bool = True,
         rwx_volume: bool = True,
-        ready_timeout_s: float = 120.0,
+        ready_timeout_s: float = READY_TIMEOUT_S,
         keep: bool | None = None,
         api_address: str | None = None,
     ) -> None:
@@ -410,7 +420,10 @@ class ControlPlane(StartStop):
 
         if self.kuberay_operator and self.kuberay_crds:
             self.kubectl("apply", "--server-side", "-f", str(KUBERAY_CRDS_DIR))
-            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+            self.kubectl(
+                "wait", "--for=condition=Established", f"--timeout={guard(120):.0f}s", "crd",
+                "--all",
+            )  # fmt: skip
             self.start_kuberay_operator()
 
         self.start_seconds = time.monotonic() - self._t0
@@ -496,7 +509,11 @@ class ControlPlane(StartStop):
     # ---- helpers for tests -----------------------------------------------------
 
     def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout_s: float = 120
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout_s: float = KUBECTL_TIMEOUT_S,
     ) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl against this control plane."""
         argv = [str(self.bin["kubectl"]), f"--kubeconfig={self.kubeconfig}", *args]

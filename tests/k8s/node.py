@@ -58,10 +58,19 @@ from controlplane import (
     free_ports,
     tail,
 )
+from host_speed import guard
 from lifecycle import StartStop
 from node_images import Image, pause_image
 
 HERE = Path(__file__).resolve().parent
+# Hang guards (host_speed.guard), not speed goals: a start-up step (the kubelet was Ready
+# 4.4 s after its start on the loaded VM); teardown's wait for the kubelet to stop the
+# pods (18.5 s for the whole teardown of 15 pods there); a `ctr` command; an image import
+# (the Ray image: 69 s).
+READY_TIMEOUT_S = guard(180)
+PODS_GONE_TIMEOUT_S = guard(180)
+CTR_TIMEOUT_S = guard(120)
+IMPORT_TIMEOUT_S = guard(600)
 INSTALL_PACKAGES = HERE / "build" / "install-node-packages.sh"
 
 # build.sh's pieces the node runs (their binaries: controlplane.PIECES).
@@ -82,7 +91,9 @@ NODE_POD_CIDR = "10.244.255.0/24"  # in POD_CIDR (kube-proxy's cluster CIDR), fa
 DNS_SERVICE_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 BRIDGE = "uerl-cni0"
-CGROUP_ROOT = "uerl-node"  # the kubelet's cgroupRoot, in every v1 hierarchy
+# The kubelet's cgroupRoot, in every v1 hierarchy; under UERL_NODE_CGROUP_PARENT when set
+# (.ci/run-capped: the pods then share the run's CPU cap instead of escaping it).
+CGROUP_ROOT = str(Path(os.environ.get("UERL_NODE_CGROUP_PARENT", "").strip("/")) / "uerl-node")
 CGROUP_FS = Path("/sys/fs/cgroup")
 CNI_NETWORK = "uerl-node"
 OUR_RULE_COMMENT = "uerl-node: no pod traffic leaves this machine"
@@ -179,7 +190,7 @@ class HostState:
             nft_tables=set(_nft_tables()),
             our_rules=sum(OUR_RULE_COMMENT in rule for rule in rules),
             ipsets=set(_ipsets()),
-            cgroups={p.parent.name for p in CGROUP_FS.glob(f"*/{CGROUP_ROOT}")},
+            cgroups={p.relative_to(CGROUP_FS).parts[0] for p in CGROUP_FS.glob(f"*/{CGROUP_ROOT}")},
             paths={str(p) for p in HOST_PATHS if p.exists()},
         )
 
@@ -282,7 +293,7 @@ class Node(StartStop):
         *,
         name: str = "uerl-node-0",
         pod_cidr: str = NODE_POD_CIDR,
-        ready_timeout_s: float = 120.0,
+        ready_timeout_s: float = READY_TIMEOUT_S,
         keep: bool | None = None,
         cpu_cfs_quota: bool = False,
     ) -> None:
@@ -465,7 +476,7 @@ class Node(StartStop):
             "--platform",
             "linux/amd64",
             str(archive),
-            timeout_s=600,
+            timeout_s=IMPORT_TIMEOUT_S,
         )
 
     def import_images_from_index(self, refs: Iterable[str], index: Path | None = None) -> None:
@@ -543,7 +554,7 @@ class Node(StartStop):
         return self._ctr(*args).stdout
 
     def _ctr(
-        self, *args: str, check: bool = True, timeout_s: float = 60
+        self, *args: str, check: bool = True, timeout_s: float = CTR_TIMEOUT_S
     ) -> subprocess.CompletedProcess[str]:
         argv = [str(self.bin["ctr"]), "--address", str(self.containerd_socket), *args]
         result = subprocess.run(
@@ -579,11 +590,15 @@ class Node(StartStop):
         # The kubelet refuses a cgroupRoot that does not exist; cpuset needs its cpus
         # and mems filled in before anything can join a child.
         for hierarchy in _cgroup_hierarchies():
-            path = hierarchy / CGROUP_ROOT
-            path.mkdir(exist_ok=True)
-            if hierarchy.name == "cpuset":
-                for knob in ("cpuset.cpus", "cpuset.mems"):
-                    (path / knob).write_text((hierarchy / knob).read_text())
+            path = hierarchy
+            for part in Path(CGROUP_ROOT).parts:  # a parent of UERL_NODE_CGROUP_PARENT's too
+                parent, path = path, path / part
+                if path.is_dir():
+                    continue
+                path.mkdir()
+                if hierarchy.name == "cpuset":
+                    for knob in ("cpuset.cpus", "cpuset.mems"):
+                        (path / knob).write_text((parent / knob).read_text())
 
     def _write_containerd_config(self) -> Path:
         base = self.workdir / "containerd"
@@ -853,13 +868,14 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.de
         self.cp.kubectl(
             "delete", "pods", "--all-namespaces", selector, "--grace-period=1", "--wait=false"
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + PODS_GONE_TIMEOUT_S
         while time.monotonic() < deadline:
             out = self.cp.kubectl("get", "pods", "-A", selector, "-o", "name", check=False)
             if out.returncode == 0 and not out.stdout.strip():
                 return
             time.sleep(0.5)
-        raise NodeError("pods still on the node after 60 s (removed through containerd)")
+        waited = f"{PODS_GONE_TIMEOUT_S:.0f} s"
+        raise NodeError(f"pods still on the node after {waited} (removed through containerd)")
 
     def _remove_containers(self) -> None:
         """Whatever the kubelet left in containerd: tasks killed, containers removed."""
@@ -1114,7 +1130,8 @@ def _kill_and_wait(pids: Sequence[int], what: str) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    # A big process (a Ray head) frees its memory before it is gone: seconds when loaded.
+    deadline = time.monotonic() + guard(30)
     while time.monotonic() < deadline:
         alive = [
             pid

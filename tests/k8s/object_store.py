@@ -23,9 +23,11 @@ from types import TracebackType
 from typing import Any
 
 from controlplane import LOOPBACK, find_binaries, free_ports, tail
+from host_speed import guard
 from proc_tree import StartedProcesses
 
-START_TIMEOUT_S = 90.0
+# A hang guard: `weed mini` starts a master, a volume server, a filer and S3 first.
+START_TIMEOUT_S = guard(240)
 
 
 class ObjectStoreError(RuntimeError):
@@ -105,8 +107,9 @@ class ObjectStore:
             endpoint_override=f"{self.address}:{self.port}",
             scheme="http",
             region="us-east-1",
-            connect_timeout=2,
-            request_timeout=5,
+            # The tests' own reads: room for a store just back from a pause, loaded.
+            connect_timeout=10,
+            request_timeout=30,
         )
 
     def _wait_ready(self) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import KUBERAY_CHART_DIR, ControlPlane, ControlPlaneError, free_ports, tail
+from host_speed import guard
 from lifecycle import StartStop
 from stacks import running_and_ready
 
@@ -48,6 +49,8 @@ ITER = re.compile(
     r"^iter\s+(\d+) \| env steps\s+([\d,]+) \|\s+([\d,]+) steps/s \| return mean\s+(\S+)"
 )
 RUNNERS = re.compile(r"\| runners (\d+)/(\d+)")
+# A hang guard for one `ray job` command (Ray's CLI imports Ray first: seconds when loaded).
+RAY_CLI_TIMEOUT_S = guard(180)
 # What the real-pod scenarios and bench_pods.py train with: small batches, so an
 # iteration takes seconds on 2 cores shared with the whole cluster.
 TRAIN_ARGS = ["--train-batch-size", "1000", "--minibatch-size", "250", "--checkpoint-every", "5"]
@@ -151,7 +154,8 @@ class PortForward(StartStop):
                  f"{self.port}:{self.remote_port}", "--address", "127.0.0.1"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             )  # fmt: skip
-        deadline = time.monotonic() + 30
+        # A hang guard: kubectl prints the line about a second after it starts.
+        deadline = time.monotonic() + guard(90)
         while "Forwarding from" not in self.log.read_bytes()[mark:].decode(errors="replace"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise ControlPlaneError(f"kubectl port-forward did not start:\n{tail(self.log)}")
@@ -177,7 +181,9 @@ class RayJobs:
 
     forward: PortForward
 
-    def cli(self, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, timeout_s: float = RAY_CLI_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
         self.forward.ensure()
         # `--address` first: after a `--`, everything is the entrypoint's.
         return subprocess.run(
@@ -346,7 +352,8 @@ class GameFiles:
                  "terminationGracePeriodSeconds": 1,
              }},
         ])  # fmt: skip
-        cp.kubectl("wait", "-n", FILES_NS, "--for=condition=Ready", "--timeout=120s", "pod/files")
+        cp.kubectl("wait", "-n", FILES_NS, "--for=condition=Ready",
+                   f"--timeout={guard(180):.0f}s", "pod/files")  # fmt: skip
         self.url = f"http://files.{FILES_NS}.svc.cluster.local/{GAME_ZIP}"
         return self.url
 

@@ -27,6 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from controlplane import REPO, find_binaries, pinned_versions
+from host_speed import guard
+
+# A hang guard for one `pulumi` command: an `up` of the dev stack took 45-48 s on real pods
+# and one to two minutes on the loaded 2-core VM.
+PULUMI_TIMEOUT_S = guard(900)
 
 PASSPHRASE = "uerl-tests"  # the file backend's secrets provider; nothing secret is stored
 
@@ -108,7 +113,7 @@ class PulumiProject:
         *args: str,
         stack: str | None = None,
         check: bool = True,
-        timeout_s: float = 600,
+        timeout_s: float = PULUMI_TIMEOUT_S,
         during: Callable[[], object] | None = None,
     ) -> Result:
         """`pulumi ARGS` in the project directory (non-interactive)."""

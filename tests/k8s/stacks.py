@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 from controlplane import REPO, ControlPlane
+from host_speed import guard
 
 UERL = Path(sys.executable).parent / "uerl"
 WORKLOADS = ("Deployment", "StatefulSet")
@@ -53,7 +54,11 @@ def deploy_and_wait(cp: ControlPlane, *render_args: str) -> list[dict[str, Any]]
                 up[group] = up.get(group, 0) + 1
         return up == groups
 
-    cp.wait_until(all_up, 120, f"RayCluster {namespace}/{name}: pods {groups} Running and Ready")
+    # Hang guards, not speed goals: the operator's reconcile and KWOK take seconds idle,
+    # several times that on a loaded 2-core host.
+    cp.wait_until(
+        all_up, guard(300), f"RayCluster {namespace}/{name}: pods {groups} Running and Ready"
+    )
     assert {pod["spec"]["nodeName"] for pod in ray_pods()} == {"kwok-node-0"}
 
     def cluster_ready() -> bool:
@@ -62,7 +67,7 @@ def deploy_and_wait(cp: ControlPlane, *render_args: str) -> list[dict[str, Any]]
             == "ready"
         )
 
-    cp.wait_until(cluster_ready, 60, f"RayCluster {namespace}/{name} status.state 'ready'")
+    cp.wait_until(cluster_ready, guard(180), f"RayCluster {namespace}/{name} status.state 'ready'")
 
     service = cp.get_json("service", "-n", namespace, f"{name}-head-svc")
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
@@ -71,7 +76,7 @@ def deploy_and_wait(cp: ControlPlane, *render_args: str) -> list[dict[str, Any]]
     for obj in objects:
         if obj["kind"] in WORKLOADS:
             cp.kubectl(
-                "rollout", "status", "-n", namespace, "--timeout=120s",
+                "rollout", "status", "-n", namespace, f"--timeout={guard(240):.0f}s",
                 f"{obj['kind'].lower()}/{obj['metadata']['name']}",
             )  # fmt: skip
     return objects

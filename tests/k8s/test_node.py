@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from controlplane import NODE_API_ADDRESS, ControlPlane, pinned_versions
+from host_speed import guard
 from node import (
     BRIDGE,
     KUBELET_SYSCTLS,
@@ -23,7 +24,8 @@ from node import (
 )
 from node_images import busybox_image, kubectl_image
 
-pytestmark = [pytest.mark.k8s, pytest.mark.pods]
+# pyproject's limit, scaled here: tests/conftest.py scales the limits of tests/*.py only.
+pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(guard(600))]
 
 WEB_NS = "node-web"
 WEB_PORT = 8080
@@ -257,10 +259,11 @@ def test_network_policy_admits_only_the_allowed_pods(
             }
         ]
     )
-    _until(lambda: _fetch(cp, namespace, url, pod="denied", check=False) is None,
-           "the NetworkPolicy to deny `denied`", timeout_s=60)  # fmt: skip
+    # kube-router's sync of the policy: seconds, more when loaded.
+    _until(lambda: _fetch(cp, namespace, url, pod="denied", within_s=3) is None,
+           "the NetworkPolicy to deny `denied`", timeout_s=guard(180))  # fmt: skip
     assert _fetch(cp, namespace, url, pod="allowed") == "server"
-    assert _fetch(cp, namespace, url, pod="denied", check=False) is None
+    assert _fetch(cp, namespace, url, pod="denied", within_s=3) is None
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -319,8 +322,10 @@ def _service(name: str, ns: str, selector: dict[str, str], port: int) -> dict[st
 def _wait_ready(cp: ControlPlane, ns: str, *objects: str) -> None:
     # A controller's pod (the StatefulSet's web-0) exists only once the controller made it,
     # and `--for=condition` fails at once on a missing object: under load it was missing.
-    cp.kubectl("wait", "-n", ns, "--for=create", "--timeout=90s", *objects)
-    cp.kubectl("wait", "-n", ns, "--for=condition=Ready", "--timeout=90s", *objects)
+    # A hang guard: a pod was Ready 1.3 s after its apply, a 10-replica rollout 7.7 s, loaded.
+    within = f"--timeout={guard(180):.0f}s"
+    cp.kubectl("wait", "-n", ns, "--for=create", within, *objects)
+    cp.kubectl("wait", "-n", ns, "--for=condition=Ready", within, *objects)
 
 
 def _exec(cp: ControlPlane, ns: str, pod: str, script: str) -> str:
@@ -328,13 +333,15 @@ def _exec(cp: ControlPlane, ns: str, pod: str, script: str) -> str:
 
 
 def _fetch(
-    cp: ControlPlane, ns: str, url: str, pod: str = "client", check: bool = True
+    cp: ControlPlane, ns: str, url: str, pod: str = "client", within_s: float | None = None
 ) -> str | None:
-    """The page at `url` fetched from inside `pod` (None if it could not connect in 3 s
-    and not `check`). `timeout`, not wget's -T: Debian's static busybox 1.35 wget
-    segfaults with -T."""
-    out = cp.kubectl("exec", "-n", ns, pod, "--", "timeout", "3", "wget", "-q", "-O-", url,
-                     check=check)  # fmt: skip
+    """The page at `url` fetched from inside `pod`. A fetch that must succeed (no
+    `within_s`) has a hang guard's time and fails the test otherwise; one expected to be
+    refused returns None when nothing came `within_s` (a slow host only makes a refusal
+    surer). `timeout`, not wget's -T: Debian's static busybox 1.35 wget segfaults with -T."""
+    seconds = round(within_s if within_s is not None else guard(30))
+    out = cp.kubectl("exec", "-n", ns, pod, "--", "timeout", str(seconds), "wget", "-q", "-O-",
+                     url, check=within_s is None)  # fmt: skip
     return out.stdout.strip() if out.returncode == 0 else None
 
 
@@ -342,7 +349,7 @@ def _started(status: dict[str, Any]) -> str:
     return str(status["state"]["running"]["startedAt"])
 
 
-def _until(check: Any, what: str, timeout_s: float = 30) -> None:
+def _until(check: Any, what: str, timeout_s: float = guard(120)) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:

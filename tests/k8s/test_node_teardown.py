@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from controlplane import NODE_API_ADDRESS, ControlPlane
+from host_speed import guard
 from node import (
     BRIDGE,
     CGROUP_FS,
@@ -24,7 +25,8 @@ from node import (
 )
 from node_images import busybox_image
 
-pytestmark = [pytest.mark.k8s, pytest.mark.pods]
+# pyproject's limit, scaled here: tests/conftest.py scales the limits of tests/*.py only.
+pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(guard(600))]
 
 
 class BodyFailed(RuntimeError):
@@ -59,7 +61,7 @@ def _exercise(cp: ControlPlane, node: Node) -> dict[str, object]:
     ns = "teardown"
     cp.kubectl("create", "namespace", ns)
     cp.wait_until(lambda: cp.kubectl("get", "-n", ns, "sa/default", check=False).returncode == 0,
-                  30, "serviceaccount default")  # fmt: skip
+                  guard(120), "serviceaccount default")  # fmt: skip
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -91,11 +93,14 @@ def _exercise(cp: ControlPlane, node: Node) -> dict[str, object]:
         },
     }
     cp.apply([pod, client, service, policy])
-    cp.kubectl("wait", "-n", ns, "--for=condition=Ready", "--timeout=90s", "pod/web", "pod/client")
+    # Hang guards: pods Ready in seconds; the Service's and the policy's rules (kube-proxy,
+    # kube-router) in seconds more; a fetch that got nothing in 10 s is tried again.
+    cp.kubectl("wait", "-n", ns, "--for=condition=Ready", f"--timeout={guard(180):.0f}s",
+               "pod/web", "pod/client")  # fmt: skip
     cp.wait_until(
-        lambda: cp.kubectl("exec", "-n", ns, "client", "--", "timeout", "3", "wget", "-qO-",
+        lambda: cp.kubectl("exec", "-n", ns, "client", "--", "timeout", "10", "wget", "-qO-",
                            "http://web/", check=False).stdout == "ok\n",
-        60, "client -> web through the Service",
+        guard(180), "client -> web through the Service",
     )  # fmt: skip
     state = HostState.capture()
     in_use = {

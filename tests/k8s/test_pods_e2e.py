@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from controlplane import NODE_API_ADDRESS, ControlPlane
+from host_speed import guard
 from node import Node
 from node_images import busybox_image
 from object_store import ObjectStore
@@ -64,7 +65,11 @@ from infra.topology import JOB_STOP_GRACE_S, quantity_value
 from training.ray_auth import token_client
 from training.runstore import attempts
 
-pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(3600)]
+# Every wait below is a hang guard (host_speed.guard), several times the slowest honest run
+# (docs/performance.md, "Training on real pods"); the figures are printed, not asserted.
+# pytest-timeout's limit per test: the longest stage (the bucket run) took minutes. Scaled
+# here: tests/conftest.py scales the limits of tests/*.py only.
+pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(guard(3600))]
 
 # Stored on the stack's runs claim (`topology.runs`, mounted on the head at /uerl/runs):
 # `uerl train --run-name` with no path flag, as a user runs it.
@@ -145,7 +150,7 @@ def dev_stack(project: PulumiProject, images: dict[str, str], figures: Figures) 
     settings = stack_settings(images["busybox"])
     project.new_stack("dev", settings | {"topology.learners.image": images["ray-learner"]})
     started = time.monotonic()
-    result = project.up("dev", "--skip-preview", timeout_s=900)
+    result = project.up("dev", "--skip-preview", timeout_s=guard(900))
     figures["pulumi_up_s"] = round(result.seconds, 1)
     return Up(result, started)
 
@@ -339,7 +344,7 @@ class SidecarRun:
 
 def _config_up(project: PulumiProject, path: str, value: str) -> Result:
     project.config_set("dev", path, value)
-    return project.up("dev", "--skip-preview", timeout_s=900)
+    return project.up("dev", "--skip-preview", timeout_s=guard(900))
 
 
 def _runner_node_ips(cp: ControlPlane) -> list[str]:
@@ -387,10 +392,12 @@ def sidecar_run(
     run = SidecarRun()
     jobs.submit(SIDECAR_JOB, ["uerl", "train", "--run-name", RUN_NAME, "--iterations", "1000",
                               *TRAIN_ARGS])  # fmt: skip
-    log = jobs.wait_for(SIDECAR_JOB, lambda log: bool(progress(log)), "the first iteration", 600)
+    log = jobs.wait_for(
+        SIDECAR_JOB, lambda log: bool(progress(log)), "the first iteration", guard(600)
+    )
     figures["up_to_first_iteration_s"] = round(time.monotonic() - dev_stack.started, 1)
     log = jobs.wait_for(
-        SIDECAR_JOB, lambda log: len(progress(log)) >= 8, "8 iterations on 2 games", 600
+        SIDECAR_JOB, lambda log: len(progress(log)) >= 8, "8 iterations on 2 games", guard(600)
     )
     rates = [p.steps_per_s for p in progress(log)[2:8]]
     figures["pods_env_steps_per_s_2_games_median"] = sorted(rates)[len(rates) // 2]
@@ -404,7 +411,7 @@ def sidecar_run(
         SIDECAR_JOB,
         lambda log: _after_last_rescale_runners(log, "rescale: 2 -> 3", (3, 3)),
         "rescale 2 -> 3 and an iteration with 3 runners",
-        420,
+        guard(420),
     )
     figures["grow_to_3_runners_sampling_s"] = round(time.monotonic() - grown, 1)
 
@@ -412,9 +419,9 @@ def sidecar_run(
     run.workers["before_shrink"] = ray_pods(cp, "workers")
     _config_up(project, "topology.workers.replicas", "1")
     run.logs["shrink"] = jobs.wait_for(
-        SIDECAR_JOB, _shrunk_to_one, "the runners down to 1 and an iteration with it", 420
+        SIDECAR_JOB, _shrunk_to_one, "the runners down to 1 and an iteration with it", guard(420)
     )
-    cp.wait_until(lambda: len(ray_pods(cp, "workers")) == 1, 120, "one worker pod left")
+    cp.wait_until(lambda: len(ray_pods(cp, "workers")) == 1, guard(300), "one worker pod left")
     run.workers["after_shrink"] = ray_pods(cp, "workers")
     run.runner_node_ips = _runner_node_ips(cp)
 
@@ -428,7 +435,8 @@ def sidecar_run(
             p["metadata"]["uid"] != lost["uid"] and running_and_ready(p) for p in pods
         )
 
-    cp.wait_until(replaced, 300, "a new worker pod Running and Ready")
+    # The old pod's termination, then a Ray node started and probed ready: about a minute.
+    cp.wait_until(replaced, guard(600), "a new worker pod Running and Ready")
     mark = len(progress(jobs.logs(SIDECAR_JOB)))
 
     def back(log: str) -> bool:
@@ -436,15 +444,15 @@ def sidecar_run(
         return sum(1 for p in progress(log)[mark:] if p.runners == (1, 1)) >= 3
 
     run.logs["pod_deleted"] = jobs.wait_for(
-        SIDECAR_JOB, back, "iterations with a runner on the new worker pod", 600
+        SIDECAR_JOB, back, "iterations with a runner on the new worker pod", guard(600)
     )
     run.runner_node_ips_after_delete = _runner_node_ips(cp)
     run.workers["after_delete"] = ray_pods(cp, "workers")
 
     stop_asked = time.monotonic()
-    stopped = jobs.cli("stop", SIDECAR_JOB, timeout_s=300)
+    stopped = jobs.cli("stop", SIDECAR_JOB, timeout_s=JOB_STOP_GRACE_S + guard(180))
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + guard(180)
     while (status := jobs.status(SIDECAR_JOB)) in ("PENDING", "RUNNING"):
         assert time.monotonic() < deadline, "ray job stop did not end the job"
         time.sleep(2)
@@ -507,6 +515,8 @@ def test_ray_job_stop_ends_the_job_with_a_final_checkpoint(sidecar_run: SidecarR
 def test_a_stopped_job_ends_on_its_own_before_rays_sigkill(sidecar_run: SidecarRun) -> None:
     # Ray waits for every process of the job, the orphaned driver too: without a reaper
     # as the head pod's PID 1 its zombie held the stop until the SIGKILL, the whole grace.
+    # Not a speed goal: Ray's own grace (11.6 s honest, 10x under it); a stop that outlasts
+    # it ends in that SIGKILL, whatever the host.
     assert sidecar_run.stop_s < JOB_STOP_GRACE_S, sidecar_run.stop_s
 
 
@@ -521,14 +531,15 @@ def test_the_stored_run_is_listed_pulled_and_exported_on_this_machine(
             str(node_control_plane.kubeconfig))  # fmt: skip
     last = progress(sidecar_run.logs["end"])[-1].iteration
     listed = subprocess.run([str(UERL), "runs", "list", *kube],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+                            capture_output=True, text=True, timeout=guard(300))  # fmt: skip
     print(listed.stdout, listed.stderr)
     assert listed.returncode == 0, listed.stderr
     row = next(line.split() for line in listed.stdout.splitlines() if line.startswith(RUN_NAME))
     assert row[1:3] == [f"checkpoint_{last:06d}", str(last)], listed.stdout
     # Into ./runs/first, the default --to, as the README shows it.
     pulled = subprocess.run([str(UERL), "runs", "pull", "first", *kube, "--latest"],
-                            capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+                            capture_output=True, text=True, timeout=guard(600),
+                            cwd=tmp_path)  # fmt: skip
     print(pulled.stderr)
     assert pulled.returncode == 0, pulled.stderr
     run = tmp_path / "runs" / RUN_NAME
@@ -537,7 +548,8 @@ def test_the_stored_run_is_listed_pulled_and_exported_on_this_machine(
     rows = (run / "metrics.csv").read_text().splitlines()[1:]
     assert [int(r.split(",")[0]) for r in rows] == list(range(1, last + 1)), rows
     done = subprocess.run([str(UERL), "export", "--checkpoint", "runs/first/checkpoints"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+                          capture_output=True, text=True, timeout=guard(600),
+                          cwd=tmp_path)  # fmt: skip
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
     # Every file written was verified, and every output of each agrees with torch.
@@ -580,7 +592,7 @@ def _stop_if_running(jobs: RayJobs, submission_id: str) -> None:
     """After a failed test: the job must not hold the games for the tests after it."""
     with contextlib.suppress(Exception):
         if jobs.status(submission_id) in ("PENDING", "RUNNING"):
-            jobs.cli("stop", submission_id, timeout_s=300)
+            jobs.cli("stop", submission_id, timeout_s=JOB_STOP_GRACE_S + guard(180))
 
 
 def test_uerl_submit_trains_on_the_cluster_and_exits_0(
@@ -592,7 +604,7 @@ def test_uerl_submit_trains_on_the_cluster_and_exits_0(
     argv = _uerl_submit(node_control_plane, submit_endpoints, SUBMIT_JOB, SUBMIT_RUN,
                         "--iterations", "2")  # fmt: skip
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=guard(900))
     finally:
         _stop_if_running(jobs, SUBMIT_JOB)
     print(f"--- uerl submit ---\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}")
@@ -606,6 +618,7 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
     sidecar_run: SidecarRun,  # its job stopped: the games are free
     submit_endpoints: Path,
     jobs: RayJobs,
+    figures: Figures,
 ) -> None:
     argv = _uerl_submit(node_control_plane, submit_endpoints, SUBMIT_STOP_JOB,
                         SUBMIT_STOP_RUN, "--iterations", "1000")  # fmt: skip
@@ -629,14 +642,17 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
     for reader in readers:
         reader.start()
     try:
-        deadline = time.monotonic() + 600
+        waited = guard(600)
+        deadline = time.monotonic() + waited
         while not trained.wait(2):
             assert proc.poll() is None, "".join(out)[-6000:] + "".join(err)
-            assert time.monotonic() < deadline, "no iteration in 600 s:\n" + "".join(out)[-6000:]
+            assert time.monotonic() < deadline, (
+                f"no iteration in {waited:.0f} s:\n" + "".join(out)[-6000:]
+            )
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         interrupted = time.monotonic()
         # uerl submit waits for the job's end: Ray's grace after SIGTERM, and a minute more.
-        code = proc.wait(timeout=JOB_STOP_GRACE_S + 120)
+        code = proc.wait(timeout=JOB_STOP_GRACE_S + guard(180))
         ended_s = time.monotonic() - interrupted
     finally:
         if proc.poll() is None:
@@ -646,9 +662,12 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
     for reader in readers:
         reader.join(timeout=10)
     print(f"--- uerl submit, Ctrl-C ---\n{''.join(out)[-6000:]}\n{''.join(err)[-3000:]}")
+    figures["uerl submit: Ctrl-C -> exit, s"] = round(ended_s, 1)
     assert code == 130, "".join(err)
     assert jobs.status(SUBMIT_STOP_JOB) == "STOPPED"
-    assert ended_s < JOB_STOP_GRACE_S, ended_s  # the driver exited: no SIGKILL from Ray
+    # The driver exited: no SIGKILL from Ray. Ray's grace, not a speed goal (27 s honest);
+    # a stop that outlasts it ends in that SIGKILL, whatever the host.
+    assert ended_s < JOB_STOP_GRACE_S, ended_s
     log = jobs.logs(SUBMIT_STOP_JOB)
     assert "checkpoint" in log
     # The driver's line for the final checkpoint it wrote after Ray's SIGTERM.
@@ -671,7 +690,7 @@ class SupervisedRun:
 
 
 def _supervisor_log(cp: ControlPlane, job: str) -> str:
-    done = cp.kubectl("logs", "-n", NAMESPACE, f"job/{job}", check=False, timeout_s=60)
+    done = cp.kubectl("logs", "-n", NAMESPACE, f"job/{job}", check=False, timeout_s=guard(120))
     return done.stdout + done.stderr
 
 
@@ -715,7 +734,7 @@ def supervised_run(
     made = subprocess.run(
         [str(UERL), "submit", *kube, "--supervise", "--", "train", "--run-name", SUPERVISED_RUN,
          "--iterations", str(SUPERVISED_ITERATIONS), *TRAIN_ARGS, "--checkpoint-every", "2"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=guard(300),
     )  # fmt: skip
     print(made.stdout, made.stderr)
     assert made.returncode == 0, made.stderr
@@ -724,7 +743,7 @@ def supervised_run(
     def iterations() -> list[int]:
         return [p.iteration for p in progress(_supervisor_log(cp, job))]
 
-    cp.wait_until(lambda: max(iterations(), default=0) >= HEAD_LOST_AT, 900,
+    cp.wait_until(lambda: max(iterations(), default=0) >= HEAD_LOST_AT, guard(900),
                   f"iteration {HEAD_LOST_AT} of the supervised run", interval_s=3)  # fmt: skip
     lost_after = max(iterations())
     cp.kubectl("delete", "pod", "-n", NAMESPACE, head_pod(cp), "--wait=false")
@@ -734,7 +753,8 @@ def supervised_run(
         log = _supervisor_log(cp, job)
         return bool(progress(lines_after(log, "submitting job uerl-supervised-2")))
 
-    cp.wait_until(resumed, 900, "an iteration after the head was lost", interval_s=3)
+    # 69-85 s honest (a new head, the workers rejoined, the run resumed).
+    cp.wait_until(resumed, guard(900), "an iteration after the head was lost", interval_s=3)
     figures["supervised: head deleted -> next iteration, s"] = round(time.monotonic() - deleted)
 
     def finished() -> bool:
@@ -742,13 +762,13 @@ def supervised_run(
                             "jsonpath={.status.succeeded}/{.status.failed}").stdout  # fmt: skip
         return status.startswith("1/") or status.endswith("/1")
 
-    cp.wait_until(finished, 900, f"the supervisor Job {job} to end", interval_s=3)
+    cp.wait_until(finished, guard(900), f"the supervisor Job {job} to end", interval_s=3)
     log = _supervisor_log(cp, job)
     print(f"--- supervisor {job} ---\n{log[-8000:]}")
     _checkpoint_figures(figures, "supervised (claim)", log)
     pulled = tmp_path_factory.mktemp("supervised")
     got = subprocess.run([str(UERL), "runs", "pull", SUPERVISED_RUN, *kube, "--to", str(pulled)],
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+                         capture_output=True, text=True, timeout=guard(600))  # fmt: skip
     assert got.returncode == 0, got.stderr
     return SupervisedRun(job, log, pulled / SUPERVISED_RUN, lost_after)
 
@@ -840,7 +860,9 @@ def bucket_run(
     _config_up(project, "topology.runs.store", "s3")
     # KubeRay recreates the Ray pods for the new template after `pulumi up` returns: the
     # head that has the store's keys.
-    cp.wait_until(lambda: _ready_head_with(cp, "AWS_ACCESS_KEY_ID"), 600, "a head with the keys")
+    cp.wait_until(
+        lambda: _ready_head_with(cp, "AWS_ACCESS_KEY_ID"), guard(600), "a head with the keys"
+    )
     work = tmp_path_factory.mktemp("bucket")
     endpoints = work / "endpoints.json"
     write_json(endpoints, project.outputs("dev")["endpoints"])
@@ -858,12 +880,12 @@ def bucket_run(
     refused = {}
     for what, (command, given) in attempts_at_start.items():
         done = cp.kubectl("exec", "-i", "-n", NAMESPACE, head_pod(cp), "-c", "ray-head", "--",
-                          *command, input=given, check=False, timeout_s=300)  # fmt: skip
+                          *command, input=given, check=False, timeout_s=guard(300))  # fmt: skip
         refused[what] = f"exit {done.returncode}: {done.stderr.strip()}"
     made = subprocess.run(
         [str(UERL), "submit", *kube, "--supervise", "--", "train", "--run-name", BUCKET_RUN,
          "--iterations", str(BUCKET_ITERATIONS), *TRAIN_ARGS, "--checkpoint-every", "2"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=guard(300),
     )  # fmt: skip
     assert made.returncode == 0, made.stderr
     job = made.stdout.strip()
@@ -871,12 +893,14 @@ def bucket_run(
     def last_iteration() -> int:
         return max((p.iteration for p in progress(_supervisor_log(cp, job))), default=0)
 
-    cp.wait_until(lambda: last_iteration() >= 3, 900, "iteration 3 in a bucket", interval_s=3)
+    cp.wait_until(
+        lambda: last_iteration() >= 3, guard(900), "iteration 3 in a bucket", interval_s=3
+    )
     [learner] = [p["metadata"]["name"] for p in ray_pods(cp, "learners")]
     cp.kubectl("delete", "pod", "-n", NAMESPACE, learner, "--wait=false")
     cp.wait_until(
         lambda: bool(progress(lines_after(_supervisor_log(cp, job), "uerl-bucket-2 ("))),
-        900, "an iteration after the learner pod was lost", interval_s=3,
+        guard(900), "an iteration after the learner pod was lost", interval_s=3,
     )  # fmt: skip
     # e. The store gone for 30 s while the run trains: storing waits, training goes on.
     before = last_iteration()
@@ -884,8 +908,8 @@ def bucket_run(
     store.pause(30)
     figures["bucket: iterations while the store was gone 30 s"] = last_iteration() - before
     assert time.monotonic() - started >= 30
-    cp.wait_until(lambda: last_iteration() >= before + 3, 900, "iterations after the pause",
-                  interval_s=3)  # fmt: skip
+    cp.wait_until(lambda: last_iteration() >= before + 3, guard(900),
+                  "iterations after the pause", interval_s=3)  # fmt: skip
     # c. `pulumi up` with a new Ray image while it trains: KubeRay recreates every Ray pod
     # (upgradeStrategy Recreate), the head with them. The same image under a new tag.
     new_image = f"{images['ray']}-next"
@@ -894,7 +918,7 @@ def bucket_run(
     _config_up(project, "topology.ray.image", new_image)
     cp.wait_until(
         lambda: bool(progress(lines_after(_supervisor_log(cp, job), "uerl-bucket-3 ("))),
-        900, "an iteration on the new image's pods", interval_s=3,
+        guard(900), "an iteration on the new image's pods", interval_s=3,
     )  # fmt: skip
     figures["bucket: pulumi up (new image) -> next iteration, s"] = round(
         time.monotonic() - upgraded
@@ -909,12 +933,12 @@ def bucket_run(
                             "jsonpath={.status.succeeded}/{.status.failed}").stdout  # fmt: skip
         return status.startswith("1/") or status.endswith("/1")
 
-    cp.wait_until(finished, 1200, f"the supervisor Job {job} to end", interval_s=3)
+    cp.wait_until(finished, guard(1200), f"the supervisor Job {job} to end", interval_s=3)
     log = _supervisor_log(cp, job)
     print(f"--- supervisor {job} ---\n{log[-8000:]}")
     _checkpoint_figures(figures, "bucket", log)
     got = subprocess.run([str(UERL), "runs", "pull", BUCKET_RUN, *kube, "--to", str(work)],
-                         capture_output=True, text=True, timeout=600,
+                         capture_output=True, text=True, timeout=guard(600),
                          env={**os.environ, **keys})  # fmt: skip
     assert got.returncode == 0, got.stderr
     root = f"{BUCKET}/uerl-runs/{BUCKET_RUN}"
@@ -972,8 +996,8 @@ def outsider(node_control_plane: ControlPlane, images: dict[str, str], dev_stack
                                  "imagePullPolicy": "Never", "command": ["sleep", "infinity"]}],
                  "terminationGracePeriodSeconds": 1},
     }])  # fmt: skip
-    cp.kubectl("wait", "-n", OUTSIDER_NS, "--for=condition=Ready", "--timeout=120s",
-               "pod/outsider")  # fmt: skip
+    cp.kubectl("wait", "-n", OUTSIDER_NS, "--for=condition=Ready",
+               f"--timeout={guard(180):.0f}s", "pod/outsider")  # fmt: skip
     return "outsider"
 
 
@@ -1028,7 +1052,7 @@ def networked(
     made = subprocess.run(
         [str(UERL), "tls-secret", "--stack", "dev", "--set", "topology.pattern=networked",
          "--out", str(tls_dir)],
-        cwd=project.dir, capture_output=True, text=True, timeout=120,
+        cwd=project.dir, capture_output=True, text=True, timeout=guard(300),
     )  # fmt: skip
     assert made.returncode == 0, made.stdout + made.stderr
     cp.kubectl(
@@ -1053,7 +1077,7 @@ def networked(
     }.items():
         project.config_set("dev", path, value, plaintext=path.endswith(".secret"))
     old = {p["metadata"]["uid"] for p in ray_pods(cp)}
-    up = project.up("dev", "--skip-preview", timeout_s=900)
+    up = project.up("dev", "--skip-preview", timeout_s=guard(900))
     figures["pulumi_up_switch_to_networked_s"] = round(up.seconds, 1)
 
     # A pod-template change: `up` returns once the RayCluster is updated, its conditions
@@ -1065,7 +1089,8 @@ def networked(
             p["metadata"]["uid"] not in old and running_and_ready(p) for p in pods
         )
 
-    cp.wait_until(recreated, 300, "the Ray pods recreated, Running and Ready")
+    # About 40 s honest; a Recreate took over 180 s at load 8 (test_pulumi_up.py).
+    cp.wait_until(recreated, guard(600), "the Ray pods recreated, Running and Ready")
     loader = cp.kubectl("logs", "-n", NAMESPACE, f"job/{CLUSTER}-ue-loader").stdout
     return Networked(up, tls_dir, loader)
 
@@ -1106,7 +1131,7 @@ def networked_run(
     jobs.submit(NETWORKED_JOB, ["uerl", "train", "--run-dir", NETWORKED_RUN_DIR,
                                 "--iterations", "1000", *TRAIN_ARGS])  # fmt: skip
     run.logs["start"] = jobs.wait_for(
-        NETWORKED_JOB, lambda log: len(progress(log)) >= 3, "3 iterations", 900
+        NETWORKED_JOB, lambda log: len(progress(log)) >= 3, "3 iterations", guard(900)
     )
     before = cp.get_json("pod", "-n", NAMESPACE, GAME)["metadata"]["uid"]
     cp.kubectl("delete", "pod", "-n", NAMESPACE, GAME, "--wait=false")
@@ -1120,11 +1145,11 @@ def networked_run(
         return sum(1 for p in progress(after_back) if p.runners == (1, 1)) >= 2
 
     run.logs["game_deleted"] = jobs.wait_for(
-        NETWORKED_JOB, back, "iterations with the runner back on the new game pod", 600
+        NETWORKED_JOB, back, "iterations with the runner back on the new game pod", guard(600)
     )
     after = cp.get_json("pod", "-n", NAMESPACE, GAME)["metadata"]["uid"]
     run.game_uids = (before, after)
-    stopped = jobs.cli("stop", NETWORKED_JOB, timeout_s=300)
+    stopped = jobs.cli("stop", NETWORKED_JOB, timeout_s=JOB_STOP_GRACE_S + guard(180))
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     run.logs["end"] = jobs.logs(NETWORKED_JOB)
     print(f"--- the networked job's log ---\n{run.logs['end']}")
@@ -1167,11 +1192,12 @@ def test_a_networked_game_answers_only_over_tls_with_a_client_certificate(
 
     def discover(*tls: str, timeout_s: int = 10) -> subprocess.CompletedProcess[str]:
         argv = ["uerl", "discover", endpoint, "--timeout", str(timeout_s), *tls]
-        return cp.kubectl("exec", "-n", NAMESPACE, head, "--", *argv, check=False, timeout_s=180)
+        limit = timeout_s + guard(180)
+        return cp.kubectl("exec", "-n", NAMESPACE, head, "--", *argv, check=False, timeout_s=limit)
 
     # The game may still be closing the stopped job's session: room to answer.
     mutual = discover("--tls-ca", f"{certs}/ca.crt", "--tls-cert", f"{certs}/tls.crt",
-                      "--tls-key", f"{certs}/tls.key", timeout_s=90)  # fmt: skip
+                      "--tls-key", f"{certs}/tls.key", timeout_s=round(guard(90)))  # fmt: skip
     assert mutual.returncode == 0 and "agent" in mutual.stdout, mutual.stdout + mutual.stderr
     # The refusals docs/security.md promises, each one line naming the game.
     plaintext = discover()
@@ -1207,11 +1233,12 @@ def test_destroy_leaves_no_pod_container_or_sandbox_of_the_stack(
     networked_run: NetworkedRun,
 ) -> None:
     cp = node_control_plane
-    cp.kubectl("delete", "namespace", OUTSIDER_NS, "uerl-files", "--wait=true", timeout_s=300)
-    project.run("destroy", "--yes", "--skip-preview", stack="dev", timeout_s=900)
+    cp.kubectl("delete", "namespace", OUTSIDER_NS, "uerl-files", "--wait=true",
+               timeout_s=guard(300))  # fmt: skip
+    project.run("destroy", "--yes", "--skip-preview", stack="dev", timeout_s=guard(900))
     cp.wait_until(
         lambda: cp.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0,
-        300, f"namespace {NAMESPACE} gone",
+        guard(300), f"namespace {NAMESPACE} gone",
     )  # fmt: skip
     assert cp.get_json("pods", "-A")["items"] == []
 
@@ -1220,7 +1247,7 @@ def test_destroy_leaves_no_pod_container_or_sandbox_of_the_stack(
         containers = node.ctr("-n", "k8s.io", "containers", "list", "-q").split()
         return not tasks and not containers
 
-    cp.wait_until(node_empty, 120, "no container or sandbox left in containerd")
+    cp.wait_until(node_empty, guard(180), "no container or sandbox left in containerd")
 
 
 # ---- i. a game as an image (docker/unreal-game.Dockerfile) -----------------------------
@@ -1255,8 +1282,8 @@ def test_the_game_image_runs_its_build_as_a_pod_passing_its_grpc_probe(
            "spec": template["spec"]}  # fmt: skip
     cp.apply([namespace, pod])
     try:
-        cp.kubectl("wait", "-n", GAME_IMAGE_NS, "--for=condition=Ready", "--timeout=180s",
-                   "pod/game", timeout_s=200)  # fmt: skip
+        cp.kubectl("wait", "-n", GAME_IMAGE_NS, "--for=condition=Ready",
+                   f"--timeout={guard(240):.0f}s", "pod/game", timeout_s=guard(300))  # fmt: skip
         ran = cp.get_json("pod", "-n", GAME_IMAGE_NS, "game")
         [game] = [c for c in ran["spec"]["containers"] if c["name"] == "ue"]
         assert game["readinessProbe"]["exec"]["command"][0] == "schola-probe"
@@ -1269,10 +1296,11 @@ def test_the_game_image_runs_its_build_as_a_pod_passing_its_grpc_probe(
 
         def probe(target: str) -> subprocess.CompletedProcess[str]:
             return cp.kubectl("exec", "-n", GAME_IMAGE_NS, "game", "-c", "ue", "--",
-                              "schola-probe", target, "2", check=False)  # fmt: skip
+                              "schola-probe", target, "10", check=False)  # fmt: skip
 
-        assert probe("127.0.0.1:50052").returncode == 0  # the game, behind its forwarder
+        # The game, behind its forwarder; 10 s: an answer, not a speed (a refusal is at once).
+        assert probe("127.0.0.1:50052").returncode == 0
         refused = probe("127.0.0.1:1")
         assert refused.returncode == 1 and "UNAVAILABLE" in refused.stderr, refused.stderr
     finally:
-        cp.kubectl("delete", "namespace", GAME_IMAGE_NS, "--wait=true", timeout_s=300)
+        cp.kubectl("delete", "namespace", GAME_IMAGE_NS, "--wait=true", timeout_s=guard(300))

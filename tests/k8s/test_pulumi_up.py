@@ -20,11 +20,17 @@ from typing import Any
 import pytest
 import yaml
 from controlplane import KUBERAY_CHART_DIR, KUBERAY_CRD_NAMES, KUBERAY_CRDS_DIR, ControlPlane
+from host_speed import guard
 from pulumi_project import PulumiProject
 from stacks import running_and_ready
 
-# Each scenario runs several real `pulumi` commands of one to two minutes each here.
-pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
+from infra.topology import RaySpec
+
+# Each scenario runs several real `pulumi` commands of one to two minutes each here, and
+# waits for KubeRay's Recreate (over 180 s at load 8): room for two of each, loaded, beside
+# one hung wait (each inner wait stays below this). Scaled here: tests/conftest.py scales
+# the limits of tests/*.py only.
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(guard(2700))]
 
 UERL = Path(sys.executable).parent / "uerl"
 NAMESPACE = "uerl"  # the dev stack's (topology defaults)
@@ -90,8 +96,8 @@ def recreated_as(cp: ControlPlane, check: Callable[[list[dict[str, Any]]], bool]
         want = sizes | {"workers": raycluster(cp)["spec"]["workerGroupSpecs"][1]["replicas"]}
         return bool(pods) and check(pods) and groups_ready(pods) == want
 
-    # Bounded, with room for a loaded machine: at load ~8 a Recreate took over 180 s.
-    cp.wait_until(done, 420, "the Ray pods recreated, every one Running and Ready")
+    # A hang guard: at load ~8 a Recreate took over 180 s.
+    cp.wait_until(done, guard(720), "the Ray pods recreated, every one Running and Ready")
 
 
 def raycluster(cp: ControlPlane, name: str = CLUSTER, ns: str = NAMESPACE) -> dict[str, Any]:
@@ -311,7 +317,7 @@ def test_two_stacks_share_a_namespace_and_destroying_one_leaves_the_other(
     assert names == [CLUSTER]
     cp.wait_until(
         lambda: not cp.get_json("pods", "-n", NAMESPACE, "-l", "ray.io/cluster=second")["items"],
-        60,
+        guard(180),
         "the second stack's pods to be gone",
     )
     leftover = cp.get_json("all", "-n", NAMESPACE, "-l", "app.kubernetes.io/instance=second")
@@ -391,12 +397,15 @@ def test_up_fails_within_the_timeout_naming_the_raycluster_whose_head_never_gets
     start = time.monotonic()
     result = up(project, cp, "stuck", check=False)
     elapsed = time.monotonic() - start
+    print(f"figure pulumi up of a head never ready -> failed, s: {elapsed:.0f}")
     assert result.returncode != 0, result.output
     assert "kubernetes:ray.io/v1:RayCluster" in result.output, result.output
     # The provider's await names the resource by URN, ending in its type and name.
     assert "ray.io/v1:RayCluster::stuck" in result.output, result.output
     assert "timed out waiting for the condition" in result.output, result.output
-    assert elapsed < 20 + 120, f"{elapsed:.0f}s"  # the timeout, plus the rest of the stack
+    # Its own 20 s, not the default's 300 s (plus the image pull allowance): the rest of
+    # the `up` (one to two minutes loaded) is a matter of the host's speed, not asserted.
+    assert elapsed < RaySpec.model_fields["start_timeout_s"].default, f"{elapsed:.0f}s"
     head = cp.get_json("pods", "-n", "uerl-stuck", "-l", "ray.io/node-type=head")["items"]
     assert head and head[0]["status"]["phase"] == "Pending"
     project.run("destroy", "--yes", stack="stuck", during=operator_follows_chart(cp))
@@ -413,7 +422,7 @@ def test_destroy_leaves_nothing_of_the_stack_and_removes_the_crds_it_installed(
     assert stack_objects(cp)  # the selector does find the stack while it exists
     project.run("destroy", "--yes", stack="dev", during=operator_follows_chart(cp))
 
-    cp.wait_until(lambda: not stack_objects(cp), 60, "the dev stack's objects to be gone")
+    cp.wait_until(lambda: not stack_objects(cp), guard(180), "the dev stack's objects to be gone")
     namespaces = {n["metadata"]["name"] for n in cp.get_json("namespaces")["items"]}
     assert NAMESPACE not in namespaces
     crds = {c["metadata"]["name"] for c in cp.get_json("crd")["items"]}
@@ -430,7 +439,7 @@ def test_leftover_crds_fail_install_with_the_fix_and_adopt_takes_them_over(
     cp = bare_control_plane
     # What `helm install` of KubeRay leaves behind after `helm uninstall`.
     cp.kubectl("apply", "--server-side", "--field-manager=helm", "-f", str(KUBERAY_CRDS_DIR))
-    cp.wait_until(cp.crds_established, 60, "the leftover CRDs to be established")
+    cp.wait_until(cp.crds_established, guard(120), "the leftover CRDs to be established")
 
     result = up(project, cp, check=False)
     assert result.returncode != 0
@@ -459,7 +468,7 @@ def test_crds_another_pulumi_resource_manages_are_refused_with_the_hand_over(
     cp = bare_control_plane
     manager = "--field-manager=pulumi-kubernetes-1a2b3c4d"  # the Kubernetes provider's kind
     cp.kubectl("apply", "--server-side", manager, "-f", str(KUBERAY_CRDS_DIR))
-    cp.wait_until(cp.crds_established, 60, "the CRDs to be established")
+    cp.wait_until(cp.crds_established, guard(120), "the CRDs to be established")
     project.new_stack(
         "handover",
         {

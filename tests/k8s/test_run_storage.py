@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from controlplane import REPO, free_ports
+from host_speed import guard
 from object_store import ObjectStore
 from pyarrow import fs
 from run_fakes import SavingAlgo, meta
@@ -25,7 +26,8 @@ from training.run import checkpoints, metrics
 from training.runstore.location import RunStorageError
 from training.runstore.s3_store import Mirror, S3Location, check, restore
 
-pytestmark = pytest.mark.k8s
+# pyproject's limit, scaled here: tests/conftest.py scales the limits of tests/*.py only.
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(guard(600))]
 
 BUCKET = "runs"
 PREFIX = "uerl-runs"
@@ -148,7 +150,9 @@ def test_a_store_gone_for_30_seconds_delays_storing_and_leaves_no_broken_checkpo
     write_run(tmp_path, (5, 10))  # the training goes on: a checkpoint meanwhile
     started = time.monotonic()
     mirror.sync()  # returns at once: storing never holds up the caller
-    assert time.monotonic() - started < 0.5
+    # Waiting on the store would take the rest of its 30 s pause: 10 s tells them apart
+    # on any host (a slow one is not a blocked call).
+    assert time.monotonic() - started < 10
     outage.join()
     assert any(line.startswith("run storage: cannot store") for line in lines), lines
     # Back, and before the mirror caught up: `latest` names a whole checkpoint.
@@ -174,13 +178,16 @@ def test_uerl_train_refuses_a_missing_bucket_before_anything_starts(
     start = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "training.cli", "train", "--endpoints", str(path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=guard(300),
         env={**os.environ, **store.environment()},
     )  # fmt: skip
+    # Printed, not asserted: the time is mostly Python's imports, the host's speed. What
+    # "before anything starts" means is seen in the output: no Ray was started.
+    print(f"figure uerl train refusing a missing bucket, s: {time.monotonic() - start:.1f}")
     assert result.returncode == 2, result.stderr
     assert "uerl train: runs.s3.bucket: bucket 'no-such-runs' does not exist" in result.stderr
     assert "Traceback" not in result.stderr
-    assert time.monotonic() - start < 60
+    assert "Started a local Ray instance" not in result.stdout + result.stderr
 
 
 # ---- `uerl runs` on a bucket: listed and pulled from this machine ---------------------
@@ -196,7 +203,7 @@ def _endpoints_file(store: ObjectStore, tmp_path: Path, bucket: str = BUCKET) ->
 def _uerl_runs(store: ObjectStore, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "training.cli", "runs", *argv],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=guard(300),
         env={**os.environ, **store.environment()},
     )  # fmt: skip
 

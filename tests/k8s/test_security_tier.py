@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane
+from host_speed import guard
 from infra_fixtures import OWN_CLUSTER  # tests/, on the path via its conftest
 from network_policy_eval import Peer, ingress_allowed  # tests/, on the path via its conftest
 from stacks import deploy_and_wait, render, running_and_ready
 
 from infra.manifests import pod_security
 
-pytestmark = pytest.mark.k8s
+# pyproject's limit, scaled here: tests/conftest.py scales the limits of tests/*.py only.
+pytestmark = [pytest.mark.k8s, pytest.mark.timeout(guard(600))]
 
 _NAMESPACES = itertools.count(1)
 

@@ -47,7 +47,7 @@ func main() {
 	port := flag.Int("port", 0, "port on 127.0.0.1 (0: any free one)")
 	gzip := flag.Bool("gzip", false, "compress every reply with gzip")
 	maxAge := flag.Duration("max-connection-age", 0, "GOAWAY each connection after this long")
-	pingEvery := flag.Duration("keepalive", 0, "ping an idle client this often (and drop it if it does not answer within 100ms)")
+	pingEvery := flag.Duration("keepalive", 0, "ping an idle client this often (and drop it if it does not answer within 1s)")
 	maxStreams := flag.Uint("max-streams", 0, "max concurrent streams per connection (0: grpc-go's default)")
 	flag.Parse()
 
@@ -100,7 +100,8 @@ func main() {
 	}
 	if *pingEvery > 0 {
 		options = append(options, grpc.KeepaliveParams(keepalive.ServerParameters{
-			Time: *pingEvery, Timeout: 100 * time.Millisecond,
+			// 1 s, not less: a loaded host's client may take hundreds of ms to answer.
+			Time: *pingEvery, Timeout: time.Second,
 		}))
 	}
 	if *maxStreams > 0 {
