@@ -81,12 +81,19 @@ test-slow: setup
 # one, the control-plane modules (each its own API server, kine and KWOK on free ports) on
 # the other. Serially the tier kept the CPU about half busy (it waits on pods, Ray and the
 # API server): 18 min serially, 11:30 on two workers. `E2E_XDIST=` runs it serially.
-E2E_XDIST ?= -n 2 --dist loadfile
+# `--no-loadscope-reorder`: the order of LONGEST_FIRST (tests/conftest.py), not xdist's
+# by number of tests, so the modules whose pieces a cold build makes first start first.
+E2E_XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
+# `E2E_BUILD=` runs the tier without building first: CI builds in the background and the
+# tier starts at once, each module waiting for its own pieces (tests/k8s/build_wait.py).
+E2E_BUILD ?= 1
 
 e2e: setup
+ifneq ($(E2E_BUILD),)
 	bash tests/k8s/build/build.sh
 	bash tests/k8s/build/install-node-packages.sh
 	$(BIN)/python tests/k8s/images/build.py
+endif
 	$(BIN)/python -m pytest -ra --durations=15 -m k8s tests/k8s $(E2E_XDIST) $(PYTEST_ARGS)
 
 # Benchmarks, on demand (not in CI; docs/development.md lists them): figures, not checks.

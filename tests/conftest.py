@@ -151,6 +151,14 @@ LONGEST_FIRST = (
     "test_node.py",
     "test_node_teardown.py",
     "test_pods_e2e.py",
+    # then the others in the order a cold build makes their pieces (tests/k8s/build_wait.py:
+    # CI starts the tier beside the build; `E2E_XDIST` keeps this order, unsorted)
+    "test_controlplane.py",
+    "test_security_tier.py",
+    "test_stack_changes.py",
+    "test_pulumi_up.py",
+    "test_run_storage.py",
+    "test_images.py",
     # `make test`
     "test_local_e2e.py",
     "test_game_faults_e2e.py",

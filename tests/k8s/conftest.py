@@ -6,8 +6,32 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from controlplane import NODE_API_ADDRESS, BinariesMissing, ControlPlane
+from build_wait import build_rc_file, wait_for_pieces
+from controlplane import NODE_API_ADDRESS, BinariesMissing, ControlPlane, piece_bin_dir
 from node import Node
+
+# ------------------------------------------------ each module once its pieces are built
+
+_waited: set[str] = set()
+
+
+def _piece_complete(piece: str) -> bool:
+    return (piece_bin_dir(piece).parent / ".complete").is_file()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Before a module's first test, its pieces of a build still running beside the tier
+    (build_wait.py). A wrapper called first, so pytest-timeout's timer starts after it."""
+    module = item.path.name
+    if module not in _waited:
+        _waited.add(module)
+        waited = wait_for_pieces(module, _piece_complete, rc_file=build_rc_file())
+        if waited >= 1:  # into the setup report, so it reaches the figures under xdist
+            item.add_report_section(
+                "setup", "stdout", f"figure tier: {module} waited for the build, s: {waited:.0f}\n"
+            )
+    yield
 
 
 def _control_plane(request: pytest.FixtureRequest, **options: Any) -> Iterator[ControlPlane]:

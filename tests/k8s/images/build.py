@@ -96,9 +96,10 @@ def run(
     log_to: Path | None = None,
     cwd: Path | None = None,
 ) -> None:
-    """Runs one step at low priority (2 shared cores); its output goes to a log file, whose
-    tail is shown on failure."""
-    argv = ["nice", "-n", "19", *argv]
+    """Runs one step at low priority (2 shared cores; UERL_BUILD_NICE, default 19: CI's
+    build is its critical path and sets 0); its output goes to a log file, whose tail is
+    shown on failure."""
+    argv = ["nice", "-n", os.environ.get("UERL_BUILD_NICE", "19"), *argv]
     if log_to is None:
         subprocess.run(argv, env=env, cwd=cwd, check=True)
         return
