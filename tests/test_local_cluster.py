@@ -148,6 +148,9 @@ def _fake_ray_start(tmp_path: Path, *, outcomes: list[str]):
     scripts = {
         "abort": "import os; os.abort()",
         "exit1": "raise SystemExit(1)",
+        "slow": "import sys; print('Exception: The current node timed out during startup. "
+        "This could happen because some of the raylet failed to startup or the GCS has "
+        "become overloaded.', flush=True); sys.exit(1)",
         "start": "import time; print('Ray runtime started.', flush=True); time.sleep(60)",
     }
 
@@ -182,6 +185,18 @@ def test_a_ray_start_killed_by_a_signal_while_starting_is_started_once_more(
             capsys.readouterr().out
         )
         assert "--- uerl local: ray start crashed (-6); again ---" in node.log.read_text()
+    finally:
+        processes.terminate([node.proc], grace_s=1)
+
+
+def test_a_node_that_missed_rays_30_s_registration_wait_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, node = _node_started_after(tmp_path, ["slow", "slow", "start"], monkeypatch)
+    try:
+        cluster._wait_started(node, time.monotonic() + 30)
+        assert node.proc.poll() is None and node.crashes == 0
+        assert capsys.readouterr().out.count("did not register within Ray's 30 s") == 2
     finally:
         processes.terminate([node.proc], grace_s=1)
 

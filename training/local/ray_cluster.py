@@ -81,6 +81,10 @@ class NodeSpec:
 
 # `ray start` crashes (killed by a signal) tolerated per node while the cluster starts.
 MAX_START_CRASHES = 1
+# What `ray start` says when its raylet did not register within Ray's fixed 30 s
+# (ray/_private/node.py, not configurable): on a host slow or busy enough (seen on a
+# starved CI host), not a fault of the node. Started again while the deadline allows.
+RAY_REGISTRATION_TIMED_OUT = "The current node timed out during startup"
 
 
 @dataclass
@@ -328,7 +332,11 @@ class LocalRayCluster(processes.StartedGroup):
 
     def _wait_started(self, node: _Node, deadline: float) -> None:
         while True:
-            if node.proc.poll() is not None and self._restart_crashed(node):
+            if (
+                node.proc.poll() is not None
+                and time.monotonic() < deadline
+                and self._restart_crashed(node)
+            ):
                 continue
             if node.proc.poll() is not None:
                 raise LocalClusterError(
@@ -346,20 +354,36 @@ class LocalRayCluster(processes.StartedGroup):
             time.sleep(0.2)
 
     def _restart_crashed(self, node: _Node) -> bool:
-        """Start a node again whose `ray start` was killed by a signal while starting.
+        """Start a node again whose `ray start` was killed by a signal while starting, or
+        gave up on Ray's fixed 30 s wait for its raylet to register (a slow host: again
+        until the cluster's own start deadline ends the wait).
 
         Seen once in hundreds of starts: `ray start` aborted (SIGABRT) by gRPC's poller
-        ("epoll_wait error: Bad file descriptor"). A node that exits with an error
-        code (bad arguments, ports) is not retried; nor is a second crash."""
-        if node.proc.returncode >= 0 or node.crashes >= MAX_START_CRASHES:
+        ("epoll_wait error: Bad file descriptor"). A node that exits with another error
+        (bad arguments, ports) is not retried; nor is a second crash."""
+        code = node.proc.returncode
+        # This start's own lines: the log goes on after each "--- uerl local:" line.
+        this_start = processes.tail(node.log).rpartition("--- uerl local:")[2]
+        if code > 0 and RAY_REGISTRATION_TIMED_OUT in this_start:
+            processes.terminate([node.proc], grace_s=self.stop_grace_s)  # what it started
+            with node.log.open("a") as fh:
+                fh.write("--- uerl local: ray start timed out registering; again ---\n")
+            print(
+                f"uerl local: node {node.spec.name} did not register within Ray's 30 s "
+                f"(a busy host); starting it again (log: {node.log})",
+                flush=True,
+            )
+            node.proc, node.log = self._spawn(node.spec)
+            return True
+        if code >= 0 or node.crashes >= MAX_START_CRASHES:
             return False
         node.crashes += 1
         processes.terminate([node.proc], grace_s=self.stop_grace_s)  # what it started
         with node.log.open("a") as fh:
-            fh.write(f"--- uerl local: ray start crashed ({node.proc.returncode}); again ---\n")
+            fh.write(f"--- uerl local: ray start crashed ({code}); again ---\n")
         print(
             f"uerl local: ray start for node {node.spec.name} was killed by signal "
-            f"{-node.proc.returncode} while starting; starting it again (log: {node.log})",
+            f"{-code} while starting; starting it again (log: {node.log})",
             flush=True,
         )
         node.proc, node.log = self._spawn(node.spec)
