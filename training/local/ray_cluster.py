@@ -365,29 +365,28 @@ class LocalRayCluster(processes.StartedGroup):
         # This start's own lines: the log goes on after each "--- uerl local:" line.
         this_start = processes.tail(node.log).rpartition("--- uerl local:")[2]
         if code > 0 and RAY_REGISTRATION_TIMED_OUT in this_start:
-            processes.terminate([node.proc], grace_s=self.stop_grace_s)  # what it started
-            with node.log.open("a") as fh:
-                fh.write("--- uerl local: ray start timed out registering; again ---\n")
-            print(
-                f"uerl local: node {node.spec.name} did not register within Ray's 30 s "
-                f"(a busy host); starting it again (log: {node.log})",
-                flush=True,
+            self._start_again(
+                node,
+                "ray start timed out registering",
+                f"node {node.spec.name} did not register within Ray's 30 s (a busy host)",
             )
-            node.proc, node.log = self._spawn(node.spec)
             return True
         if code >= 0 or node.crashes >= MAX_START_CRASHES:
             return False
         node.crashes += 1
+        self._start_again(
+            node,
+            f"ray start crashed ({code})",
+            f"ray start for node {node.spec.name} was killed by signal {-code} while starting",
+        )
+        return True
+
+    def _start_again(self, node: _Node, marker: str, said: str) -> None:
         processes.terminate([node.proc], grace_s=self.stop_grace_s)  # what it started
         with node.log.open("a") as fh:
-            fh.write(f"--- uerl local: ray start crashed ({code}); again ---\n")
-        print(
-            f"uerl local: ray start for node {node.spec.name} was killed by signal "
-            f"{-code} while starting; starting it again (log: {node.log})",
-            flush=True,
-        )
+            fh.write(f"--- uerl local: {marker}; again ---\n")
+        print(f"uerl local: {said}; starting it again (log: {node.log})", flush=True)
         node.proc, node.log = self._spawn(node.spec)
-        return True
 
     def _wait_registered(self, deadline: float) -> None:
         """Poll the GCS until every node is alive in it."""
