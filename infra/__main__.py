@@ -74,6 +74,7 @@ def main() -> None:
         operator = KubeRayOperator(
             "kuberay",
             objects.operator,
+            (topology.namespace, topology.name),
             depends_on=base if in_our_ns else [],
         )
         operator_deps.append(operator.chart)
@@ -100,7 +101,8 @@ def main() -> None:
     cluster_deps = [*operator_deps, *pod_deps]
     # The head mounts the runs claim.
     if objects.runs_pvc is not None:
-        cluster_deps.append(RunStorage("runs", objects.runs_pvc, depends_on=base).pvc)
+        keep = topology.runs.claim.keep_on_destroy
+        cluster_deps.append(RunStorage("runs", objects.runs_pvc, keep, depends_on=base).pvc)
     UerlRayCluster(topology.name, objects.raycluster, objects.endpoints, depends_on=cluster_deps)
 
     if objects.ue_statefulset is not None and objects.ue_service is not None:

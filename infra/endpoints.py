@@ -114,6 +114,12 @@ class RunStorage(BaseModel):
     )
     s3_endpoint: str | None = Field(default=None, description="S3: the store's URL (None: AWS)")
     s3_region: str | None = Field(default=None, description="S3: the bucket's region")
+    keep_checkpoints: int | None = Field(
+        default=None,
+        ge=1,
+        description="checkpoints a run keeps: the newest this many, the one `latest` names "
+        "and the best (topology runs.keep_checkpoints); None: every one",
+    )
 
 
 class Endpoints(BaseModel):

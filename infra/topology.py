@@ -13,8 +13,10 @@ import math
 import re
 import string
 import typing
+from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -824,11 +826,24 @@ class RunsClaimSpec(_Spec):
     storage_class: Text | None = None
     # Only the Ray head mounts it (the driver runs there).
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
+    # `pulumi destroy` leaves the claim uerl created, runs and all (the next `pulumi up`
+    # takes it back); false: destroy deletes it with every run on it.
+    keep_on_destroy: bool = True
 
     @field_validator("existing_claim")
     @classmethod
     def _claim_name(cls, value: str | None) -> str | None:
         return None if value is None else _dns_label(value, max_len=253)
+
+    @model_validator(mode="after")
+    def _keeps_only_its_own(self) -> RunsClaimSpec:
+        # uerl never deletes a claim it did not create: the field would do nothing.
+        if self.existing_claim is not None and "keep_on_destroy" in self.model_fields_set:
+            raise FieldError(
+                ("keep_on_destroy",),
+                "runs.claim.existing_claim is set: uerl creates no claim, and never deletes it",
+            )
+        return self
 
 
 class RunsS3Spec(_Spec):
@@ -848,6 +863,36 @@ class RunsS3Spec(_Spec):
     credentials_secret: SecretName | None = None
 
 
+# An in-cluster Service's DNS name: `<service>.<namespace>.svc[.<cluster domain>]`.
+_SERVICE_HOST = re.compile(r"^[a-z0-9-]+\.([a-z0-9-]+)\.svc(\.[a-z0-9.-]+)?$")
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where the head's traffic to the run store goes, as a NetworkPolicy can admit it:
+    an address and port, or an in-cluster Service's namespace (any port: a Service's
+    port is translated to its pods', which the endpoint does not say)."""
+
+    ip: str | None = None
+    port: int | None = None
+    namespace: str | None = None
+
+
+def store_address(endpoint: str | None) -> StoreAddress | None:
+    """The run store's address at `endpoint`; None: a host name out of the cluster (or
+    AWS S3), which no NetworkPolicy can name."""
+    if endpoint is None:
+        return None
+    url = urlsplit(endpoint)
+    host = url.hostname or ""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        service = _SERVICE_HOST.match(host)
+        return StoreAddress(namespace=service.group(1)) if service else None
+    return StoreAddress(ip=str(ip), port=url.port or (443 if url.scheme == "https" else 80))
+
+
 class RunsSpec(_Spec):
     """Where a training's artefacts go (checkpoints, metrics, curves, events, logs, ONNX):
     durable storage outside the Ray head, so a run outlives its pods."""
@@ -856,6 +901,14 @@ class RunsSpec(_Spec):
     store: Literal["claim", "s3"] = "claim"
     claim: RunsClaimSpec = RunsClaimSpec()
     s3: RunsS3Spec | None = None
+    # Checkpoints a run keeps: the newest this many, and also the one `latest` names and
+    # the best (highest episode return mean); older ones are deleted from the claim, the
+    # bucket and the head's staging as the run goes on. None: every one is kept.
+    keep_checkpoints: int | None = Field(default=5, ge=1)
+    # Size limit of the Ray head's /tmp (an emptyDir: Ray's session files, and a run
+    # bound for a bucket is written there first), a Kubernetes quantity. Past it the
+    # kubelet evicts the head (a supervised run resumes on the next).
+    staging_size: Quantity = "10Gi"
 
     @model_validator(mode="after")
     def _store_is_described(self) -> RunsSpec:
@@ -892,8 +945,9 @@ class OperatorSpec(_Spec):
     values: dict[str, Any] = {}
     # The chart's CRDs, one resource of the stack's. `install`: created before the chart
     # (refused, naming this field, if a former KubeRay left them: Helm never deletes
-    # CRDs); `adopt`: take over existing ones and update them to the chart's; `skip`:
-    # leave them as they are.
+    # CRDs), deleted by `pulumi destroy` unless other stacks' RayClusters or RayJobs use
+    # them; `adopt`: take over existing ones and update them to the chart's, left in place
+    # by `pulumi destroy`; `skip`: leave them as they are.
     crds: Literal["install", "adopt", "skip"] = "install"
     # None: the topology's namespace.
     namespace: Text | None = None
@@ -925,7 +979,8 @@ class SecuritySpec(_Spec):
     # from outside the cluster), e.g. ["10.20.0.0/16"]. Empty: nobody.
     allowed_cidrs: list[Cidr] = []
     # Egress only to the stack's own pods and DNS (the game or Ray then cannot
-    # download anything at run time).
+    # download anything at run time), and the head's to the run store: with `runs.store:
+    # s3`, `runs.s3.endpoint` must then be an IP address or an in-cluster Service.
     restrict_egress: bool = False
     # The Pod Security Standard a namespace uerl creates enforces; every pod uerl
     # creates passes `restricted`.
@@ -1031,6 +1086,23 @@ class Topology(_Spec):
                     f"{account.name!r} is created for {format_path(first_path)} too, with "
                     "other annotations: give both the same",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _egress_reaches_the_run_store(self) -> Topology:
+        # Else every `uerl train` stops at its storage check (exit 2).
+        security, s3 = self.security, self.runs.s3
+        if not (security.network_policies and security.restrict_egress) or s3 is None:
+            return self
+        if self.runs.store == "s3" and store_address(s3.endpoint) is None:
+            where = s3.endpoint or f"none (AWS S3 in {s3.region})"
+            raise FieldError(
+                ("security", "restrict_egress"),
+                f"admits the Ray head to no run store out of the cluster, and "
+                f"runs.s3.endpoint is {where}: give the store as an IP address or an "
+                "in-cluster Service (http://<service>.<namespace>.svc:<port>), or set "
+                "restrict_egress false",
+            )
         return self
 
     @field_validator("namespace")
@@ -1192,6 +1264,7 @@ class Topology(_Spec):
                 uri=self.runs.uri,
                 s3_endpoint=self.runs.s3.endpoint if self.runs.s3 else None,
                 s3_region=self.runs.s3.region if self.runs.s3 else None,
+                keep_checkpoints=self.runs.keep_checkpoints,
             ),
         )
 

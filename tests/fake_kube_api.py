@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,9 @@ class FakeKubeAPI:
     # the caller may not read secrets).
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)
     secrets_status: int = 200
+    # Called (on a thread) while a port-forward's websocket is being opened, before the
+    # API answers it: another call of the client's process made at that moment.
+    on_portforward: Callable[[], None] | None = None
 
     async def _read_secret(self, request: web.Request) -> web.Response:
         self.asked.append(str(request.rel_url))
@@ -57,6 +60,8 @@ class FakeKubeAPI:
     async def _portforward(self, request: web.Request) -> web.WebSocketResponse:
         self.asked.append(str(request.rel_url))
         port = int(request.query["ports"])
+        if self.on_portforward is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.on_portforward)
         ws = web.WebSocketResponse(protocols=("v4.channel.k8s.io",))
         await ws.prepare(request)
         opening = bytes([port & 0xFF, port >> 8])

@@ -5,7 +5,8 @@ evaluating them: a pod is isolated for ingress once any policy of its namespace
 selects it with policyType Ingress, and then traffic is allowed if some such
 policy's ingress rule matches both the peer and the port (rules are a union).
 Covers what uerl's policies use: podSelector.matchLabels (same namespace),
-namespaceSelector {} , ipBlock without `except`, TCP/UDP ports by number.
+namespaceSelector {} or by the namespace's name label, ipBlock without `except`, TCP/UDP
+ports by number.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
+
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 
 
 class UnmodelledPolicy(ValueError):
@@ -46,11 +49,11 @@ def _peer_matches(rule_peer: dict[str, Any], peer: Peer, policy_ns: str) -> bool
     if peer.ip and not peer.labels:
         return False  # an address outside the cluster is no pod
     if "namespaceSelector" in rule_peer:
-        if rule_peer["namespaceSelector"] != {}:
-            raise UnmodelledPolicy(
-                f"namespaceSelector {rule_peer['namespaceSelector']}: only {{}} is modelled"
-            )
-        in_ns = True
+        # A namespace's only label modelled is the one Kubernetes gives each, its name.
+        selector = rule_peer["namespaceSelector"]
+        if set(selector.get("matchLabels", {})) - {NAMESPACE_LABEL}:
+            raise UnmodelledPolicy(f"namespaceSelector {selector}: only {NAMESPACE_LABEL}")
+        in_ns = _matches(selector, {NAMESPACE_LABEL: peer.namespace})
     else:
         in_ns = peer.namespace == policy_ns
     pods = rule_peer.get("podSelector")

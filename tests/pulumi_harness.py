@@ -6,7 +6,7 @@ is global) by tests/infra_fixtures.py:
     python tests/pulumi_harness.py  # config in env PULUMI_CONFIG, cwd = project root
 
 Report: {"resources": [{type, name, custom, parent, dependencies, inputs, providers,
-                        customTimeouts}],
+                        customTimeouts, retainOnDelete}],
          "exports": {...}, "error": null | {"type": ..., "message": ...}}
 """
 
@@ -66,6 +66,8 @@ class RecordingMonitor(MockMonitor):
                     "providers": dict(request.providers),
                     "provider": request.provider or None,
                     "customTimeouts": _timeouts(request),
+                    # `pulumi destroy` leaves the object (and drops it from the state).
+                    "retainOnDelete": bool(request.retainOnDelete),
                 }
             )
         return response

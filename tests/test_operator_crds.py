@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fake_crd_api import FakeCrdAPI, crd_object, custom_resource, serving
 from infra_fixtures import KUBERAY_CHART
 
 from infra.components.crds_component import CrdError, CrdsProvider, _refuse_foreign
@@ -150,3 +151,82 @@ def test_a_crd_another_pulumi_resource_manages_is_refused_with_the_hand_over(mod
     # Adopting it would leave that resource to delete it (with every RayCluster) later.
     with pytest.raises(CrdError, match=r"pulumi state delete"):
         _refuse_foreign("rayjobs.ray.io", crd("helm", "pulumi-kubernetes-1a2b3c4d"), mode)
+
+
+# -- the provider against a fake API server: what `pulumi destroy` and an update do ------
+
+STACK = {"stack_namespace": "uerl", "stack_name": "uerl"}
+THIS_STACKS = {"app.kubernetes.io/instance": "uerl"}
+RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
+RAYJOBS = "/apis/ray.io/v1/rayjobs"
+
+
+@pytest.fixture()
+def kube() -> Iterator[FakeCrdAPI]:
+    api = FakeCrdAPI(crds={name: crd_object(name, "uerl") for name in sorted(KUBERAY_CRDS)})
+    with serving(api):
+        yield api
+
+
+def provider_props(kube: FakeCrdAPI, mode: str, **extra: object) -> dict[str, object]:
+    return {"names": sorted(KUBERAY_CRDS), "mode": mode, "context": None,
+            "kubeconfig": kube.kubeconfig(), **STACK, **extra}  # fmt: skip
+
+
+def test_destroy_in_adopt_mode_leaves_the_crds_in_place(kube: FakeCrdAPI) -> None:
+    # They were there before the stack: other teams' RayClusters may depend on them.
+    CrdsProvider().delete("id", provider_props(kube, "adopt"))
+    assert kube.calls("DELETE") == [] and set(kube.crds) == KUBERAY_CRDS
+
+
+@pytest.mark.parametrize(
+    ("kind", "plural", "namespace", "labels"),
+    [
+        ("RayCluster", RAYCLUSTERS, "team-b", THIS_STACKS),  # another namespace
+        ("RayJob", RAYJOBS, "uerl", {"app.kubernetes.io/instance": "other"}),  # another stack
+        ("RayJob", RAYJOBS, "uerl", {}),  # made by hand in the stack's namespace
+    ],
+)
+def test_destroy_in_install_mode_refuses_while_another_stack_has_custom_resources(
+    kube: FakeCrdAPI, kind: str, plural: str, namespace: str, labels: dict[str, str]
+) -> None:
+    kube.resources[plural] = [custom_resource(kind, "theirs", namespace, **labels)]
+    with pytest.raises(CrdError, match=rf"topology\.operator\.crds: .*{kind} {namespace}/theirs"):
+        CrdsProvider().delete("id", provider_props(kube, "install"))
+    assert kube.calls("DELETE") == []
+
+
+def test_destroy_in_install_mode_deletes_the_crds_when_only_the_stacks_own_resources_are_left(
+    kube: FakeCrdAPI,
+) -> None:
+    kube.resources[RAYCLUSTERS] = [custom_resource("RayCluster", "uerl", "uerl", **THIS_STACKS)]
+    CrdsProvider().delete("id", provider_props(kube, "install"))
+    assert len(kube.calls("DELETE")) == len(KUBERAY_CRDS) and kube.crds == {}
+
+
+@pytest.fixture()
+def bundle(tmp_path: Path) -> Path:
+    path = tmp_path / "crds.yaml"
+    path.write_text(yaml.safe_dump(crd_object("rayjobs.ray.io")))
+    return path
+
+
+def test_an_update_takes_over_no_field_another_manager_owns(kube: FakeCrdAPI, bundle: Path) -> None:
+    kube.conflicts["rayjobs.ray.io"] = "kubectl-edit"
+    props = provider_props(kube, "install", path=str(bundle), version="1.7.0", digest="b")
+    with pytest.raises(
+        CrdError, match=r"topology\.operator\.crds: .*rayjobs\.ray\.io.*kubectl-edit"
+    ):
+        CrdsProvider().update("id", props, props)
+    assert [a for a in kube.calls("PATCH") if "force=true" in a] == []
+
+
+def test_adopting_takes_over_the_fields_of_the_crds_former_installer(
+    kube: FakeCrdAPI, bundle: Path
+) -> None:
+    # `adopt` is the user's word that the CRDs left by Helm are uerl's from now on.
+    kube.crds["rayjobs.ray.io"] = crd_object("rayjobs.ray.io", "helm")
+    kube.conflicts["rayjobs.ray.io"] = "helm"
+    props = provider_props(kube, "adopt", path=str(bundle), version="1.7.0", digest="b")
+    CrdsProvider().create(props)
+    assert kube.crds["rayjobs.ray.io"]["metadata"]["managedFields"] == [{"manager": "uerl"}]

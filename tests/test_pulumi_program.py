@@ -75,6 +75,7 @@ def test_sidecar_dev_stack_creates_operator_namespace_endpoints_and_raycluster(s
         "kubernetes:networking.k8s.io/v1:NetworkPolicy": 2,
         "uerl:infra:RunStorage": 1,
         CLAIM: 1,  # the runs'
+        "pulumi:providers:kubernetes": 1,  # which takes back the runs' claim destroy left
     }
 
 
@@ -162,7 +163,7 @@ def test_crds_are_one_resource_the_chart_waits_for_and_the_chart_skips_its_own(s
     (chart,) = resources_of(sidecar, "kubernetes:helm.sh/v4:Chart").values()
     assert chart["inputs"]["skipCrds"] is True
     assert f"{CRDS}::kuberay-crds" in chart["dependencies"]
-    assert "pulumi:providers:kubernetes" not in type_counts(sidecar)
+    assert chart["providers"] == {}  # the default provider: nothing adopted
 
 
 def test_the_crds_resource_holds_a_digest_and_a_path_not_the_4_mb_of_crds(sidecar) -> None:
@@ -200,7 +201,7 @@ def test_crds_adopt_takes_over_the_crds_and_installs_the_chart_through_an_upsert
 ):
     report = run_program("topology.operator.crds=adopt")
     assert crds_of(report)["inputs"]["mode"] == "adopt"  # type: ignore[index]
-    (provider,) = resources_of(report, "pulumi:providers:kubernetes").values()
+    provider = resources_of(report, "pulumi:providers:kubernetes")["kuberay-adopt"]
     assert provider["inputs"]["upsertExistingObjects"] == "true"
     assert provider["inputs"]["enablePatchForce"] == "true"
     (chart,) = resources_of(report, "kubernetes:helm.sh/v4:Chart").values()
@@ -353,3 +354,36 @@ def test_every_pod_waits_for_the_account_it_runs_as(own_cluster) -> None:
 
 def test_without_an_account_to_create_the_stack_has_no_account_component(sidecar) -> None:
     assert "uerl:infra:StackServiceAccounts" not in type_counts(sidecar)
+
+
+def claim_and_provider(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The runs claim, and the explicit provider it is created through (None: the default)."""
+    (runs,) = resources_of(report, CLAIM).values()
+    if runs["provider"] is None:
+        return runs, None
+    # A provider reference is "<provider URN>::<id>"; the URN ends "<type>::<name>".
+    urn = runs["provider"].rsplit("::", 1)[0]
+    (provider,) = [
+        r for r in report["resources"]
+        if r["type"].startswith("pulumi:providers:") and urn.endswith(f"{r['type']}::{r['name']}")
+    ]  # fmt: skip
+    return runs, provider
+
+
+def test_the_runs_claim_outlives_pulumi_destroy(sidecar) -> None:
+    runs, _ = claim_and_provider(sidecar)
+    assert runs["name"] == "uerl-runs" and runs["retainOnDelete"] is True
+
+
+def test_a_later_pulumi_up_takes_back_the_claim_destroy_left_without_forcing_it(sidecar) -> None:
+    # Creating it again would fail with AlreadyExists; the provider upserts instead, and
+    # a claim that differs (another size) stops the update rather than being overwritten.
+    _, provider = claim_and_provider(sidecar)
+    assert provider is not None
+    assert provider["inputs"]["upsertExistingObjects"] == "true"
+    assert "enablePatchForce" not in provider["inputs"]
+
+
+def test_runs_keep_on_destroy_false_lets_destroy_delete_the_claim() -> None:
+    runs, provider = claim_and_provider(run_program("topology.runs.claim.keep_on_destroy=false"))
+    assert runs["retainOnDelete"] is False and provider is None

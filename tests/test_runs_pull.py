@@ -15,17 +15,22 @@ import sys
 import tarfile
 from pathlib import Path
 
+import fake_bucket
 import pytest
+from fake_bucket import FakeBucket
 from run_fakes import SavingAlgo, meta
 
+from infra.endpoints import RunStorage
 from infra.topology import Topology
 from training.commands.runs import main as runs_main
 from training.commands.runs import table
 from training.run import checkpoints
+from training.runs.bucket_reader import BucketRuns
 from training.runs.claim_reader import LOST, ClaimRuns, exit_code
 from training.runs.transfer import Progress, into_place
 from training.runstore import listing
 from training.runstore.location import RunStorageError
+from training.runstore.s3_store import Mirror, S3Location
 from training.submit.head import HeadFinder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,3 +297,56 @@ def test_table_aligns_numbers_right(tmp_path: Path) -> None:
     run = listing.RunSummary("long-run-name", "checkpoint_000010", 10, 12345, 0.0, 2**20)
     lines = table([run]).splitlines()
     assert lines[1].endswith("1.0 MiB") and "12345" in lines[1]
+
+
+# ---- a bucket's runs (in memory, tests/fake_bucket.py) --------------------------------
+
+
+@pytest.fixture
+def bucket(monkeypatch: pytest.MonkeyPatch) -> FakeBucket:
+    return fake_bucket.install(monkeypatch)
+
+
+def bucket_runs(tmp_path: Path, lines: list[str]) -> BucketRuns:
+    """Run `r1` (checkpoints 1 and 2) stored in the bucket, and its reader."""
+    mirror = Mirror(S3Location("b", "p", None, None), "r1", make_run(tmp_path, "r1", 2), print)
+    mirror.sync()
+    assert mirror.close(timeout_s=30)
+    return BucketRuns(RunStorage(uri="s3://b/p"), log=lines.append)
+
+
+def test_a_buckets_pull_falls_back_to_the_newest_whole_checkpoint_saying_so(
+    tmp_path: Path, bucket: FakeBucket
+) -> None:
+    lines: list[str] = []
+    reader = bucket_runs(tmp_path, lines)
+    # A lost head's last round: a pointer to 3, of which only a part was stored.
+    bucket.objects["b/p/r1/checkpoints/checkpoint_000003/module_state.pkl"] = b"part"
+    bucket.objects["b/p/r1/checkpoints/latest"] = b"checkpoint_000003"
+    into = tmp_path / "pulled"
+    into.mkdir()
+    reader.pull("r1", into, latest_only=True, total=None)
+    assert sorted(p.name for p in (into / "checkpoints").iterdir()) == [
+        "checkpoint_000002",
+        "latest",
+    ]
+    assert checkpoints.read_meta(checkpoints.resolve("latest", into / "checkpoints")).iteration == 2
+    assert any("checkpoint_000003" in line and "checkpoint_000002" in line for line in lines)
+
+
+@pytest.mark.parametrize("hostile", ["../escaped.txt", "{tmp}/escaped.txt"])
+def test_a_buckets_pull_refuses_a_key_that_leads_outside_the_run(
+    hostile: str, tmp_path: Path, bucket: FakeBucket
+) -> None:
+    reader = bucket_runs(tmp_path, [])
+    relative = hostile.format(tmp=tmp_path / "pulled")  # "{tmp}/..." makes a key with `//`
+    bucket.objects[f"b/p/r1/{relative}"] = b"planted"
+    with pytest.raises(RunStorageError, match="leads outside") as refused:
+        into_place(
+            tmp_path / "pulled",
+            "r1",
+            replace=False,
+            fill=lambda into: reader.pull("r1", into, latest_only=False, total=None),
+        )
+    assert relative in str(refused.value)
+    assert list((tmp_path / "pulled").iterdir()) == []

@@ -466,3 +466,46 @@ def test_the_head_and_its_dashboard_are_never_exposed_beyond_a_cluster_ip() -> N
         assert head.get("serviceType", "ClusterIP") == "ClusterIP"
         assert not head.get("enableIngress", False)
         assert {o["kind"] for o in build(variant).objects()}.isdisjoint({"Ingress", "Route"})
+
+
+def restricted_store(endpoint: str | None) -> dict[str, Any]:
+    s3 = {"bucket": "game-ai-runs"} | ({"endpoint": endpoint} if endpoint else {})
+    return {"security": {"restrict_egress": True}, "runs": {"store": "s3", "s3": s3}}
+
+
+@pytest.mark.parametrize("endpoint", [None, "https://s3.example.com"])
+def test_restrict_egress_refuses_a_run_store_out_of_the_cluster_naming_both_fields(
+    endpoint: str | None,
+) -> None:
+    # Every `uerl train` would exit 2: the head could not reach the bucket.
+    with pytest.raises(TopologyError) as info:
+        Topology.parse(restricted_store(endpoint))
+    (line,) = str(info.value).splitlines()[1:]
+    assert line.strip().startswith("topology.security.restrict_egress: ")
+    assert "runs.s3.endpoint" in line
+
+
+def head_sends(endpoint: str, to: Peer, port: int, component: str = "ray-head") -> bool:
+    t = Topology.parse(restricted_store(endpoint))
+    return egress_allowed(
+        list(manifests.build(t).network_policies), namespace=t.namespace,
+        pod_labels=ray_pod(t, component), to=to, port=port,
+    )  # fmt: skip
+
+
+def test_restrict_egress_lets_the_head_reach_a_run_store_at_an_address() -> None:
+    store = Peer(ip="10.30.0.5")
+    assert head_sends("http://10.30.0.5:9000", store, 9000)
+    assert head_sends("https://10.30.0.5", store, 443)  # the scheme's port
+    assert not head_sends("http://10.30.0.5:9000", store, 22)
+    assert not head_sends("http://10.30.0.5:9000", Peer(ip="10.30.0.6"), 9000)
+    assert not head_sends("http://10.30.0.5:9000", store, 9000, component="ray-env-runner")
+
+
+def test_restrict_egress_lets_the_head_reach_a_run_store_service_in_the_cluster() -> None:
+    # A Service's port is translated to its pods' (unknown here): any port of its namespace.
+    endpoint = "http://seaweedfs-s3.storage.svc.cluster.local:8333"
+    store = Peer("storage", {"app": "seaweedfs"})
+    assert head_sends(endpoint, store, 8333)
+    assert not head_sends(endpoint, Peer("other", {"app": "seaweedfs"}), 8333)
+    assert not head_sends(endpoint, store, 8333, component="ray-env-runner")

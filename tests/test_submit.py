@@ -15,7 +15,7 @@ import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from fake_kube_api import FakeKubeAPI, serving
+from fake_ray_dashboard import FakeDashboard
 from host_speed import guard
 
 from infra.topology import Topology
@@ -31,6 +32,7 @@ from training.commands.submit import main as submit
 from training.submit import head, job, port_forward, ray_token
 from training.submit.head import HeadFinder, ready_head
 from training.submit.job import CtrlC, Follower
+from training.submit.job_log import LogTail
 from training.submit.port_forward import HeadConnection, Relay
 from training.submit.submit_error import SubmitError
 
@@ -454,6 +456,35 @@ def _through_the_api(api: FakeKubeAPI, tmp_path: Path) -> tuple[HeadConnection, 
     return connection, Relay(connection)
 
 
+def test_a_port_forward_being_opened_takes_no_other_call_of_its_client_with_it(
+    tmp_path: Path,
+) -> None:
+    """kubernetes.stream swaps its ApiClient's `request` for the websocket's while one
+    opens: the head's lookup (or another stream: the log's, the status polls) made on
+    the same client at that moment went to the port-forward call ("Missing required
+    parameter `ports`", seen on real pods)."""
+    dashboard = _dashboard()
+    api = FakeKubeAPI([_pod("uerl-head-a")], {"uerl-head-a": dashboard.server_address[1]})
+    meanwhile: list[Any] = []
+    try:
+        with serving(api):
+            client = head.kube_api_client(_kubeconfig(tmp_path / "kubeconfig", api.url), None)
+            lister = head.kube_pod_lister(client)
+
+            def look_up_the_head() -> None:
+                try:
+                    meanwhile.append([p["metadata"]["name"] for p in lister("uerl", "x=y")])
+                except SubmitError as exc:
+                    meanwhile.append(str(exc))
+
+            api.on_portforward = look_up_the_head
+            port_forward.pod_port_opener(client, "uerl", 8265)("uerl-head-a").close()
+    finally:
+        dashboard.shutdown()
+        dashboard.server_close()
+    assert meanwhile == [["uerl-head-a"]]
+
+
 def test_the_apis_port_forward_reaches_the_heads_port_and_follows_a_new_head(
     tmp_path: Path,
 ) -> None:
@@ -859,3 +890,63 @@ def test_a_head_not_ready_exits_1_before_anything_is_submitted(
     assert err.startswith("uerl submit: the Ray head pod uerl-head-a (")
     assert "is not ready: phase Pending" in err
     assert fake_cluster["jobs"].submitted == []
+
+
+def test_a_job_a_new_head_does_not_have_is_said_at_once_with_what_to_do() -> None:
+    # Ray's job client on a head that has no such job (the head pod was replaced).
+    gone = RuntimeError("Request failed with status code 404: Job job-1 does not exist..")
+    jobs = FakeJobs(["RUNNING", gone], ["iter 1\n"])
+    code, _, err = _follow(jobs, no_answer_s=120)
+    assert code == 1
+    assert err == (
+        "uerl submit: job job-1 is gone: the Ray head (pod uerl-head-a) was replaced, and a "
+        "new head has none of the old one's jobs. Submit the training again with `--resume "
+        "auto` and the same --run-name to go on from its last stored checkpoint, or with "
+        "--supervise to have that done whenever the head is lost\n"
+    )
+
+
+def test_the_log_is_fetched_once_not_again_at_every_poll() -> None:
+    """Ray's real job client, against a head serving a long run's log (20 kB so far)
+    that grows a line at a time: each part of it crosses the network once, then the
+    whole log once more at the end (it is whole once the job has ended)."""
+    from ray.job_submission import JobSubmissionClient
+
+    preamble = "earlier output\n" * 1500
+    with FakeDashboard("job-1", preamble=preamble, lines=20, line_every_s=0.05) as head:
+        out, err = StringIO(), StringIO()
+        follower = Follower(
+            JobSubmissionClient(head.url), "job-1", head=lambda: "pod uerl-head-a",
+            follow_hint="HINT", out=out, err=err, poll_s=0.02,
+        )  # fmt: skip
+        assert follower.run(CtrlC()) == 0, err.getvalue()
+        whole, _ = head.log()
+    assert out.getvalue() == whole
+    # Each part streamed at most once, and the whole log fetched at most once, at the end
+    # (what the stream had not passed when the job ended, on a busy host, comes with it).
+    # Fetching the whole log at every poll would have served it about 50 times.
+    assert head.served["tail"] <= len(whole)
+    assert head.served["logs"] <= len(whole)
+
+
+def test_a_log_stream_cut_short_is_opened_again_passing_each_part_once() -> None:
+    class CutOnce:
+        opened = 0
+
+        async def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
+            self.opened += 1
+            yield "line 1\n"
+            if self.opened == 1:
+                raise RuntimeError("WebSocket connection closed unexpectedly")  # the relay
+            yield "line 2\n"  # Ray sends the log from its start again
+
+        def get_job_logs(self, job_id: str) -> str:
+            return "line 1\nline 2\nline 3\n"
+
+    client, passed = CutOnce(), []
+    tail = LogTail(lambda: client, "job-1", passed.append, retry_s=0.01)
+    deadline = time.monotonic() + guard(30)
+    while client.opened < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    tail.finish()
+    assert "".join(passed) == "line 1\nline 2\nline 3\n"

@@ -5,22 +5,36 @@ head mid-run: tests/k8s/test_pods_e2e.py."""
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import random
+import re
+import signal
+import string
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import kubernetes_validate
 import pytest
 from network_policy_eval import Peer, ingress_allowed
 
 from infra import manifests
+from infra.endpoints import RunStorage
 from infra.manifests import pod_security
 from infra.manifests.common import labels
 from infra.topology import DASHBOARD_PORT, GCS_PORT, Topology
 from training.commands.submit import main as submit
+from training.commands.supervise import main as supervise
 from training.runstore import attempts
+from training.runstore.location import check_run_name
+from training.runstore.s3_store import S3Location
 from training.submit import supervisor_job
-from training.supervise.supervisor import Supervisor, exit_code
+from training.submit.job_log import LogTail
+from training.supervise import record
+from training.supervise.supervisor import Supervisor, exit_code, stored_a_checkpoint
 
 
 class Head:
@@ -32,7 +46,14 @@ class Head:
         self.jobs: dict[str, list[str]] = {}
         self.submitted: list[dict[str, Any]] = []
         self.down = False
+        # The run's record, as the short job reading it on the head prints it.
+        self.stored_last_attempt = 0
+        self.record_jobs: list[str] = []
+        self.record_failures = 0  # record jobs that fail first (a store down a moment)
+        self.logs: dict[str, str] = {}
         self.failed_message = "Job entrypoint command failed with exit code 1, last logs: x"
+        # Characters of each job's log sent, each way: (way, job) -> count.
+        self.served: collections.Counter[tuple[str, str]] = collections.Counter()
 
     def _up(self) -> None:
         if self.down:
@@ -41,6 +62,18 @@ class Head:
     def submit_job(self, **kwargs: Any) -> str:
         self._up()
         job_id = kwargs["submission_id"]
+        if job_id in self.jobs:  # as Ray's job manager refuses it, through the dashboard
+            raise RuntimeError(
+                "Request failed with status code 400: Traceback (most recent call last):\n"
+                f"ValueError: Job with submission_id {job_id} already exists. "
+                "Please use a different submission_id.\n."
+            )
+        if "uerl train" not in kwargs["entrypoint"]:  # the job reading the run's record
+            self.record_jobs.append(job_id)
+            failing = len(self.record_jobs) <= self.record_failures
+            self.jobs[job_id] = ["FAILED" if failing else "SUCCEEDED"]
+            self.logs[job_id] = f'uerl-record: {{"last_attempt": {self.stored_last_attempt}}}\n'
+            return str(job_id)
         self.submitted.append(kwargs)
         self.jobs[job_id] = list(self.scripts.get(job_id, ["SUCCEEDED"]))
         return str(job_id)
@@ -57,7 +90,17 @@ class Head:
 
     def get_job_logs(self, job_id: str) -> str:
         self._job(job_id)
-        return f"log of {job_id}\n"
+        logs = self.logs.get(job_id, f"log of {job_id}\n")
+        self.served["logs", job_id] += len(logs)
+        return logs
+
+    async def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
+        # The log so far, then the stream ends (as a connection cut would): LogTail opens
+        # it again, skipping what it passed on.
+        self._job(job_id)
+        logs = self.logs.get(job_id, f"log of {job_id}\n")
+        self.served["tail", job_id] += len(logs)
+        yield logs
 
     def get_job_info(self, job_id: str) -> Any:
         self._job(job_id)
@@ -76,12 +119,14 @@ class Head:
 
 
 class Clock:
-    def __init__(self) -> None:
+    def __init__(self, limit_s: float = 24 * 3600) -> None:
         self.now = 0.0
+        self.limit_s = limit_s  # a supervisor looping for ever fails the test, not hangs it
         self.on_sleep: list[Any] = []  # callables run at each sleep (the cluster changing)
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+        assert self.now <= self.limit_s, f"the supervisor still runs after {self.limit_s:.0f} s"
         for step in list(self.on_sleep):
             step(self.now)
 
@@ -93,6 +138,7 @@ def supervisor(head: Head, clock: Clock, **kwargs: Any) -> tuple[Supervisor, lis
         "r1",
         ["--iterations", "100"],
         log=lines.append,
+        tail_logs=LogTail,
         clock=lambda: clock.now,
         sleep=clock.sleep,
         out=lambda text: None,
@@ -115,8 +161,8 @@ def test_a_run_whose_head_is_lost_is_submitted_again_saying_why() -> None:
     sup, lines = supervisor(head, clock)
     assert sup.run() == 0
     first, second = head.submitted
-    assert first["entrypoint"] == (
-        "uerl train --run-name r1 --resume auto --wait-for-nodes 600 --iterations 100"
+    assert first["entrypoint"].endswith(
+        "; uerl train --run-name r1 --resume auto --wait-for-nodes 600 --iterations 100"
     )
     assert second["submission_id"] == "uerl-r1-2"
     env = second["runtime_env"]["env_vars"]
@@ -151,6 +197,7 @@ def test_a_job_that_failed_on_bad_input_is_not_submitted_again() -> None:
     head.failed_message = "Job entrypoint command failed with exit code 2, last logs: x"
     sup, _ = supervisor(head, Clock())
     assert sup.run() == 2
+    assert job_action(2) == "FailJob"  # no pod of the Job submits it again
     assert len(head.submitted) == 1
 
 
@@ -165,8 +212,9 @@ def test_restarts_are_bounded() -> None:
     head = Head({f"uerl-r1-{n}": ["FAILED"] for n in range(1, 10)})
     sup, lines = supervisor(head, Clock(), max_restarts=3)
     assert sup.run() == 1
+    assert job_action(1) == "FailJob"  # the Job's next pod would start counting again
     assert len(head.submitted) == 4
-    assert "3 restarts used, giving up" in lines[-1]
+    assert "3 restarts in a row without a new checkpoint, giving up" in lines[-1]
 
 
 def test_a_head_that_never_comes_back_ends_the_supervisor_after_the_wait() -> None:
@@ -175,6 +223,7 @@ def test_a_head_that_never_comes_back_ends_the_supervisor_after_the_wait() -> No
     clock.on_sleep.append(lambda now: setattr(head, "down", now >= 10))
     sup, lines = supervisor(head, clock, head_wait_s=300)
     assert sup.run() == 1
+    assert job_action(1) == "FailJob"
     assert 300 < clock.now < 320
     assert "did not answer for 300 s; giving up" in lines[-1]
 
@@ -188,6 +237,109 @@ def test_a_supervisor_started_again_follows_the_running_attempt() -> None:
     assert "following attempt 3 (job uerl-r1-3), already RUNNING" in lines[0]
 
 
+def test_a_submit_whose_answer_was_lost_follows_the_job_it_made() -> None:
+    head = Head({"uerl-r1-1": ["RUNNING", "SUCCEEDED"]})
+    submit = head.submit_job
+
+    def made_but_unanswered(**kwargs: Any) -> str:
+        made = submit(**kwargs)
+        if made != "uerl-r1-1" or head.submitted[1:]:
+            return made
+        raise ConnectionError("Connection aborted: RemoteDisconnected")  # made, unanswered
+
+    head.submit_job = made_but_unanswered  # type: ignore[method-assign]
+    sup, lines = supervisor(head, Clock(limit_s=3600))
+    assert sup.run() == 0
+    assert [s["submission_id"] for s in head.submitted] == ["uerl-r1-1"]
+    assert any("job uerl-r1-1 already exists; following it" in line for line in lines), lines
+
+
+def test_a_supervisor_started_while_the_head_is_down_waits_then_follows_its_attempt() -> None:
+    head = Head({})
+    head.jobs["uerl-r1-2"] = ["RUNNING", "SUCCEEDED"]
+    head.down = True
+    clock = Clock(limit_s=3600)
+    clock.on_sleep.append(lambda now: setattr(head, "down", now < 30))
+    sup, lines = supervisor(head, clock)
+    assert sup.run() == 0
+    assert head.submitted == []
+    assert any("following attempt 2 (job uerl-r1-2), already RUNNING" in line for line in lines)
+
+
+def test_a_supervisor_started_on_a_new_head_numbers_its_attempt_from_the_runs_record() -> None:
+    head = Head({"uerl-r1-4": ["RUNNING", "SUCCEEDED"]})
+    head.stored_last_attempt = 3  # the head and the supervisor lost together (a node)
+    sup, _ = supervisor(head, Clock(limit_s=3600))
+    assert sup.run() == 0
+    assert len(head.record_jobs) == 1
+    [submitted] = head.submitted
+    assert submitted["submission_id"] == "uerl-r1-4"
+    env = submitted["runtime_env"]["env_vars"]
+    assert env["UERL_ATTEMPT"] == "4"
+    assert env["UERL_ATTEMPT_REASON"] == (
+        "the Ray head has no job of the run (a new head): attempt 3 was lost with it"
+    )
+
+
+def test_a_record_that_could_not_be_read_once_is_read_again_not_numbered_from_1() -> None:
+    head = Head({"uerl-r1-4": ["RUNNING", "SUCCEEDED"]})
+    head.stored_last_attempt = 3
+    head.record_failures = 1  # the bucket down for a moment when the first one read it
+    sup, lines = supervisor(head, Clock(limit_s=3600))
+    assert sup.run() == 0
+    assert len(head.record_jobs) == 2
+    assert [s["submission_id"] for s in head.submitted] == ["uerl-r1-4"]
+    assert any("the run's record could not be read" in line for line in lines)
+
+
+def claim_endpoints(root: Path) -> Path:
+    """An endpoints file whose run storage is the directory `root` (a claim)."""
+    endpoints = Topology().endpoints()
+    endpoints = endpoints.model_copy(update={"runs": RunStorage(uri=f"file://{root}")})
+    path = root / "endpoints.json"
+    path.write_text(endpoints.to_json())
+    return path
+
+
+def test_the_runs_record_is_read_from_its_claim_on_the_head(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = claim_endpoints(tmp_path)
+    attempts.record(tmp_path / "r1", 1, "the run starts", resumed_from=None, iteration=None)
+    attempts.record(tmp_path / "r1", 2, "lost", resumed_from="checkpoint_000003", iteration=3)
+    assert record.main(["r1", "--endpoints", str(path)]) == 0
+    assert capsys.readouterr().out == 'uerl-record: {"last_attempt": 2}\n'
+
+
+def test_a_run_with_no_record_reads_as_no_attempt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = claim_endpoints(tmp_path)
+    assert record.main(["new-run", "--endpoints", str(path)]) == 0
+    assert capsys.readouterr().out == 'uerl-record: {"last_attempt": 0}\n'
+
+
+def test_each_attempt_first_sets_a_lost_attempts_traceback_aside() -> None:
+    head = Head({"uerl-r1-1": ["SUCCEEDED"]})
+    sup, _ = supervisor(head, Clock())
+    assert sup.run() == 0
+    # `;`: an attempt trains whether or not that worked.
+    assert head.submitted[0]["entrypoint"] == (
+        "python -m training.supervise.record r1 --set-aside-traceback; "
+        "uerl train --run-name r1 --resume auto --wait-for-nodes 600 --iterations 100"
+    )
+
+
+def test_a_lost_attempts_traceback_is_set_aside_under_its_attempt(tmp_path: Path) -> None:
+    run = tmp_path / "r1"
+    attempts.record(run, 1, "the run starts", resumed_from=None, iteration=None)
+    (run / "traceback.txt").write_text("Traceback (most recent call last): ...")
+    assert record.main(["r1", "--endpoints", str(claim_endpoints(tmp_path)),
+                        "--set-aside-traceback"]) == 0  # fmt: skip
+    assert not (run / "traceback.txt").exists()
+    assert (run / "traceback-attempt-1.txt").read_text().startswith("Traceback")
+
+
 def test_an_unreachable_head_at_the_first_submit_is_waited_for() -> None:
     head = Head({"uerl-r1-1": ["SUCCEEDED"]})
     head.down = True
@@ -196,6 +348,54 @@ def test_an_unreachable_head_at_the_first_submit_is_waited_for() -> None:
     sup, _ = supervisor(head, clock)
     assert sup.run() == 0
     assert [s["submission_id"] for s in head.submitted] == ["uerl-r1-1"]
+
+
+def test_a_lost_attempts_traceback_is_set_aside_in_its_bucket_and_the_heads_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyarrow import fs
+
+    # The bucket, a directory through pyarrow's filesystem interface as S3 is reached.
+    bucket = tmp_path / "store"
+    monkeypatch.setattr(
+        S3Location,
+        "filesystem",
+        lambda self: fs.SubTreeFileSystem(str(bucket), fs.LocalFileSystem()),
+    )
+    monkeypatch.setattr(record, "staging_root", lambda: tmp_path / "staging")
+    stored, staged = bucket / "runs-bucket" / "uerl-runs" / "r1", tmp_path / "staging" / "r1"
+    for run in (stored, staged):
+        attempts.record(run, 1, "the run starts", resumed_from=None, iteration=None)
+        (run / "traceback.txt").write_text("Traceback (most recent call last): ...")
+    endpoints = (
+        Topology()
+        .endpoints()
+        .model_copy(update={"runs": RunStorage(uri="s3://runs-bucket/uerl-runs")})
+    )
+    assert len(record.set_aside_traceback(endpoints, "r1")) == 2
+    for run in (stored, staged):
+        assert sorted(p.name for p in run.iterdir()) == [
+            "attempts.jsonl",
+            "traceback-attempt-1.txt",
+        ]
+
+
+def test_a_supervisor_sent_sigterm_stops_leaving_its_attempt_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As its container's first process, SIGTERM's default action (end) does not apply:
+    # without a handler of its own the supervisor ignores it, beside its replacement.
+    def deleted_pod(self: Supervisor) -> int:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler), f"SIGTERM is {handler!r}"
+        handler(signal.SIGTERM, None)
+        return 0
+
+    monkeypatch.setattr(Supervisor, "run", deleted_pod)
+    before = signal.getsignal(signal.SIGTERM)
+    assert supervise(["--address", "http://head:8265", "--run-name", "r1"]) == 143
+    assert "stopped (SIGTERM): the current attempt goes on" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_the_exit_code_is_read_from_rays_failure_message() -> None:
@@ -223,12 +423,26 @@ def test_each_attempt_is_recorded_with_its_reason_and_checkpoint(tmp_path: Path)
 
 # ---- the Job `uerl submit --supervise` makes -------------------------------------------
 
+HEAD_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+            ]
+        }
+    }
+}
+HEAD_TOLERATIONS = [
+    {"key": "dedicated", "operator": "Equal", "value": "ray", "effect": "NoSchedule"}
+]
 HEAD_POD = {
     "metadata": {"name": "uerl-head-abc", "labels": {"app.kubernetes.io/instance": "uerl"}},
     "spec": {
         "containers": [{"name": "ray-head", "image": "registry.example/uerl/ray:1"}],
         "imagePullSecrets": [{"name": "regcred"}],
         "nodeSelector": {"pool": "cpu"},
+        "affinity": HEAD_AFFINITY,
+        "tolerations": HEAD_TOLERATIONS,
     },
 }
 
@@ -239,6 +453,22 @@ def job(run_name: str = "first") -> dict[str, Any]:
     )
 
 
+def job_action(exit_code: int, *, disrupted: bool = False) -> str:
+    """What the supervisor's Job does when its pod ends with `exit_code`, read from its
+    podFailurePolicy as Kubernetes reads it: the first rule that matches; none matching,
+    the pod counts against backoffLimit and another is made ("Count")."""
+    for rule in job()["spec"].get("podFailurePolicy", {}).get("rules", []):
+        if "onExitCodes" in rule:
+            codes = rule["onExitCodes"]
+            matches = (exit_code in codes["values"]) == (codes["operator"] == "In")
+        else:
+            conditions = rule["onPodConditions"]
+            matches = disrupted and any(c["type"] == "DisruptionTarget" for c in conditions)
+        if matches:
+            return str(rule["action"])
+    return "Count"
+
+
 def test_the_supervisor_job_runs_uerl_supervise_in_the_heads_image_and_placement() -> None:
     made = job()
     pod = made["spec"]["template"]["spec"]
@@ -247,6 +477,7 @@ def test_the_supervisor_job_runs_uerl_supervise_in_the_heads_image_and_placement
         "name": "uerl-supervise-first",
         "namespace": "uerl",
         "labels": made["spec"]["template"]["metadata"]["labels"],
+        "annotations": {"uerl.dev/run-name": "first"},
     }
     assert container["image"] == "registry.example/uerl/ray:1"
     assert container["command"] == [
@@ -256,6 +487,25 @@ def test_the_supervisor_job_runs_uerl_supervise_in_the_heads_image_and_placement
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["nodeSelector"] == {"pool": "cpu"}
     assert pod["automountServiceAccountToken"] is False
+
+
+def test_the_supervisor_job_is_placed_where_the_head_may_be() -> None:
+    pod = job()["spec"]["template"]["spec"]
+    assert pod["affinity"] == HEAD_AFFINITY
+    assert pod["tolerations"] == HEAD_TOLERATIONS
+
+
+def test_the_supervisor_job_validates_against_the_kubernetes_schema() -> None:
+    kubernetes_validate.validate(job(), kubernetes_validate.latest_version(), strict=True)
+
+
+def test_a_supervisor_pod_lost_to_a_disruption_is_replaced_without_counting() -> None:
+    assert job_action(143, disrupted=True) == "Ignore"  # drained, evicted, preempted
+
+
+def test_a_supervisor_that_ends_otherwise_is_replaced_within_the_backoff_limit() -> None:
+    assert job_action(143) == "Count"  # SIGTERM, its pod deleted by a person
+    assert job_action(137) == "Count"  # OOM-killed
 
 
 def test_the_supervisor_is_given_the_ray_apis_token_from_the_stacks_secret() -> None:
@@ -283,6 +533,7 @@ def test_a_refused_token_ends_the_supervisor_at_once_as_bad_input() -> None:
     head, clock = Refusing({}), Clock()
     sup, lines = supervisor(head, clock)
     assert sup.run() == 2
+    assert job_action(2) == "FailJob"
     assert head.submitted == [] and clock.now == 0  # no waiting for a head that answers
     assert lines == [
         "run r1: the Ray head's job API refused this supervisor's token (RAY_AUTH_TOKEN, "
@@ -296,8 +547,64 @@ def test_the_supervisor_pod_passes_the_restricted_standard() -> None:
 
 
 def test_a_run_name_becomes_a_valid_job_name() -> None:
-    assert job("Sumo_Run.2")["metadata"]["name"] == "uerl-supervise-sumo-run-2"
+    assert job("sumo-run-2")["metadata"]["name"] == "uerl-supervise-sumo-run-2"
+    # Changed to fit (case, `.`, `_`, length): the run name's hash keeps it apart.
+    digest = hashlib.sha256(b"Sumo_Run.2").hexdigest()[:8]
+    assert job("Sumo_Run.2")["metadata"]["name"] == f"uerl-supervise-sumo-run-2-{digest}"
     assert len(job("x" * 100)["metadata"]["name"]) == 63
+
+
+# What the API server checks of a Job (k8s.io/apimachinery/pkg/util/validation): its name
+# becomes the label `batch.kubernetes.io/job-name` of its pods, so a label value (63 at
+# most, a letter or digit at both ends), and a DNS-1123 label; its labels' values too.
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def assert_a_valid_job(made: dict[str, Any]) -> None:
+    kubernetes_validate.validate(made, kubernetes_validate.latest_version(), strict=True)
+    name = made["metadata"]["name"]
+    assert len(name) <= 63 and DNS1123_LABEL.fullmatch(name), name
+    for meta in (made["metadata"], made["spec"]["template"]["metadata"]):
+        for value in meta["labels"].values():
+            assert len(value) <= 63 and LABEL_VALUE.fullmatch(value), value
+
+
+@pytest.mark.parametrize("run_name", ["first.", "first_", "first-", "a" * 62 + "._-" + "b" * 35])
+def test_a_run_name_ending_in_punctuation_makes_a_valid_job(run_name: str) -> None:
+    assert_a_valid_job(job(run_name))
+
+
+def test_run_names_differing_by_case_or_punctuation_get_distinct_jobs() -> None:
+    names = ["run", "Run", "RUN", "r.un", "r_un", "r-un"]
+    assert len({job(name)["metadata"]["name"] for name in names}) == len(names)
+
+
+def test_long_run_names_sharing_their_start_get_distinct_jobs() -> None:
+    names = ["x" * 100, "x" * 99 + "y", "x" * 70]
+    assert len({job(name)["metadata"]["name"] for name in names}) == len(names)
+    assert len({job(name)["metadata"]["labels"]["uerl.dev/run"] for name in names}) == 3
+
+
+def test_the_supervisor_job_keeps_the_exact_run_name_in_an_annotation() -> None:
+    made = job("Sumo_Run." + "x" * 90)
+    for meta in (made["metadata"], made["spec"]["template"]["metadata"]):
+        assert meta["annotations"] == {"uerl.dev/run-name": "Sumo_Run." + "x" * 90}
+
+
+def test_any_valid_run_name_makes_a_valid_job_of_its_own() -> None:
+    rng = random.Random(54)
+    first, rest = string.ascii_letters + string.digits, string.ascii_letters + string.digits
+    rest += "._-" * 10  # punctuation often, at the ends too
+    names = {
+        rng.choice(first) + "".join(rng.choice(rest) for _ in range(rng.randrange(100)))
+        for _ in range(300)
+    }
+    names |= {name[:1] + name[1:].lower() for name in names}  # the same but for case
+    made = {name: job(name) for name in names if check_run_name(name)}
+    for one in made.values():
+        assert_a_valid_job(one)
+    assert len({one["metadata"]["name"] for one in made.values()}) == len(made)
 
 
 def test_the_stacks_policies_let_its_supervisor_reach_the_job_api_only() -> None:
@@ -359,3 +666,47 @@ def test_a_call_that_hangs_counts_as_no_answer() -> None:
     finally:
         release.set()
     assert any("does not answer: no answer in 0 s" in line for line in lines), lines
+
+
+def test_a_long_run_whose_attempts_each_store_a_checkpoint_never_runs_out_of_restarts() -> None:
+    # Twelve head replacements, each attempt storing a checkpoint before its head is lost.
+    attempts_made = 13
+    head = Head({f"uerl-r1-{n}": ["RUNNING", "FAILED"] for n in range(1, attempts_made)})
+    head.scripts[f"uerl-r1-{attempts_made}"] = ["RUNNING", "SUCCEEDED"]
+    for n in range(1, attempts_made + 1):
+        head.logs[f"uerl-r1-{n}"] = (
+            f"iter {n:4d} | ...\ncheckpoint_{n:06d} written: 3.1 MiB in 0.42 s (RLlib's state "
+            "0.40 s, storing 0.02 s)\n"
+        )
+    sup, _ = supervisor(head, Clock(), max_restarts=3)
+    assert sup.run() == 0
+    assert len(head.submitted) == attempts_made
+
+
+def test_the_restart_limit_counts_attempts_in_a_row_without_a_new_checkpoint() -> None:
+    head = Head({f"uerl-r1-{n}": ["FAILED"] for n in range(1, 12)})
+    head.logs["uerl-r1-2"] = "checkpoint_000002 written: 3.1 MiB in 0.42 s\n"  # progress
+    sup, lines = supervisor(head, Clock(), max_restarts=3)
+    assert sup.run() == 1
+    # Attempt 2 stored a checkpoint: the count starts again after it (3, 4, 5, 6 fail).
+    assert len(head.submitted) == 6
+    assert "3 restarts in a row without a new checkpoint, giving up" in lines[-1]
+
+
+def test_the_supervisor_knows_the_trainings_checkpoint_line(tmp_path: Path) -> None:
+    from training.run.driver import _saved_line  # what `uerl train` prints on each save
+
+    (tmp_path / "checkpoint_000004").mkdir()
+    line = _saved_line(tmp_path / "checkpoint_000004", {"total_s": 0.4, "state_s": 0.3})
+    assert stored_a_checkpoint(line + "\n")
+
+
+def test_the_supervisor_fetches_an_attempts_log_once_not_at_every_poll() -> None:
+    head = Head({"uerl-r1-1": ["RUNNING"] * 30 + ["SUCCEEDED"]})
+    head.logs["uerl-r1-1"] = "iter    1 | env steps 4,000\n" * 1000  # a long run's log
+    printed: list[str] = []
+    sup, _ = supervisor(head, Clock())
+    sup.out = printed.append
+    assert sup.run() == 0
+    assert "".join(printed) == head.logs["uerl-r1-1"]
+    assert head.served["logs", "uerl-r1-1"] <= len(head.logs["uerl-r1-1"])  # once, at the end

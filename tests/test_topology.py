@@ -421,3 +421,14 @@ def test_bad_own_cluster_input_names_the_field(data: Any, path: str) -> None:
     message = error_for(data)
     assert message.startswith("invalid topology (1 error):")
     assert path in message
+
+
+def test_keep_on_destroy_is_refused_for_a_claim_uerl_does_not_create() -> None:
+    # uerl never deletes an existing claim: the field would do nothing.
+    message = error_for({"runs": {"claim": {"existing_claim": "ours", "keep_on_destroy": False}}})
+    assert "topology.runs.claim.keep_on_destroy: runs.claim.existing_claim is set" in message
+
+
+def test_the_checkpoints_a_run_keeps_reach_the_training_through_the_endpoints() -> None:
+    runs = Topology.parse({"runs": {"keep_checkpoints": 3}}).endpoints().runs
+    assert runs is not None and runs.keep_checkpoints == 3

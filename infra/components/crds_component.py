@@ -5,12 +5,15 @@ program) whose inputs are the CRD bundle's digest and path (infra.manifests.
 operator_crds): a no-change `pulumi preview` no longer sends 4.1 MB of CRDs through
 the engine and the Kubernetes provider, and a chart upgrade (a new digest) applies
 the new CRDs, which `helm` itself never does. Applied server-side with the field
-manager `uerl`; `pulumi destroy` deletes them, once the RayClusters are gone.
+manager `uerl`, forcing only when `adopt` takes over CRDs that were there before the
+stack. `pulumi destroy` deletes the CRDs the stack installed (once its RayClusters are
+gone, and refusing while another stack's custom resources use them); adopted ones stay.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,12 +30,26 @@ FIELD_MANAGER = "uerl"
 ESTABLISH_TIMEOUT_S = 120.0
 DELETE_TIMEOUT_S = 180.0
 # Inputs an update acts on; the rest (where the bundle sits, the cluster's address)
-# may differ between the machines that run `pulumi up`.
-_DIFFED = ("version", "digest", "mode")
+# may differ between the machines that run `pulumi up`. The stack's namespace and name
+# are diffed so that a stack made before they were inputs gets them into its state,
+# which is what `delete` reads.
+_DIFFED = ("version", "digest", "mode", "stack_namespace", "stack_name")
+# The label saying which stack an object is of (infra.manifests.common.labels).
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+# How many of another stack's custom resources a refused destroy names.
+_NAMED = 3
 
 
 class CrdError(Exception):
     """A CRD could not be applied or deleted; the message says which and why."""
+
+
+class CrdConflict(CrdError):
+    """A server-side apply would change fields another field manager owns."""
+
+    def __init__(self, message: str, managers: list[str]) -> None:
+        super().__init__(message)
+        self.managers = managers
 
 
 def _api(props: dict[str, Any]) -> Any:
@@ -74,6 +91,9 @@ def _call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             detail = json.loads(exc.body or "{}").get("message") or exc.reason
         except ValueError:
             detail = exc.reason
+        if exc.status == 409 and "conflict with" in str(detail):
+            managers = sorted(set(re.findall(r'conflict with "([^"]+)"', str(detail))))
+            raise CrdConflict(f"{what}: {detail}", managers) from None
         raise CrdError(f"{what}: the API server answered {exc.status}: {detail}") from None
     except HTTPError as exc:
         raise CrdError(f"{what}: the Kubernetes API is unreachable: {exc}") from None
@@ -110,6 +130,63 @@ def _refuse_foreign(name: str, existing: dict[str, Any], mode: str) -> None:
         raise CrdError(leftover_crd_message(name))
 
 
+def _foreign_resources(api: Any, crd: dict[str, Any], props: dict[str, Any]) -> list[str]:
+    """`Kind namespace/name` of the custom resources of `crd`'s kind that are not this
+    stack's (another namespace, or not labelled as its): deleting the CRD deletes them."""
+    from kubernetes import client
+
+    spec = crd["spec"]
+    versions = spec.get("versions") or []
+    version = next((v["name"] for v in versions if v.get("storage")), versions[0]["name"])
+    plural = spec["names"]["plural"]
+    listed = _call(
+        f"listing {plural}.{spec['group']}",
+        client.CustomObjectsApi(api.api_client).list_cluster_custom_object,
+        spec["group"],
+        version,
+        plural,
+    )
+    # A stack made before its namespace and name were inputs owns none for sure.
+    ours = (props.get("stack_namespace"), props.get("stack_name"))
+    found = []
+    for item in (listed or {}).get("items") or []:
+        meta = item.get("metadata") or {}
+        owner = (meta.get("namespace"), (meta.get("labels") or {}).get(INSTANCE_LABEL))
+        if None in ours or owner != ours:
+            found.append(f"{item.get('kind', plural)} {meta.get('namespace')}/{meta.get('name')}")
+    return found
+
+
+def _refuse_in_use(api: Any, names: list[str], props: dict[str, Any]) -> None:
+    """Deleting a CRD deletes every custom resource of its kind, on the whole cluster."""
+    found: list[str] = []
+    for name in names:
+        crd = _read(api, name)
+        if crd is not None:
+            found += _foreign_resources(api, crd, props)
+    if found:
+        more = f" and {len(found) - _NAMED} more" if len(found) > _NAMED else ""
+        raise CrdError(
+            "topology.operator.crds: 'install', and the KubeRay CRDs this stack installed "
+            f"are in use by other stacks ({', '.join(found[:_NAMED])}{more}): deleting them "
+            "would delete those too. Delete those first, or leave the CRDs to them: "
+            "`pulumi state delete` this stack's KubeRayCRDs "
+            "(`pulumi stack --show-urns | grep KubeRayCRDs`), then destroy again."
+        )
+
+
+def _apply_crd(api: Any, name: str, doc: dict[str, Any], *, force: bool) -> None:
+    _call(
+        f"applying CRD {name}",
+        api.patch_custom_resource_definition,
+        name,
+        doc,
+        field_manager=FIELD_MANAGER,
+        force=force,
+        _content_type="application/apply-patch+yaml",
+    )
+
+
 class CrdsProvider(pulumi.dynamic.ResourceProvider):
     """Applies, diffs and deletes the bundle's CRDs (stateless: all it needs is in
     the inputs and outputs)."""
@@ -124,16 +201,21 @@ class CrdsProvider(pulumi.dynamic.ResourceProvider):
                 existing = _read(api, name)
                 if existing is not None:
                     _refuse_foreign(name, existing, props["mode"])
+        # Force only where the user said so: `adopt` taking over CRDs that were there
+        # before the stack. Otherwise a field another manager owns stops the update.
+        may_force = creating and props["mode"] == "adopt"
         for name, doc in zip(names, docs, strict=True):
-            _call(
-                f"applying CRD {name}",
-                api.patch_custom_resource_definition,
-                name,
-                doc,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type="application/apply-patch+yaml",
-            )
+            try:
+                _apply_crd(api, name, doc, force=False)
+            except CrdConflict as exc:
+                if not may_force:
+                    raise CrdError(
+                        f"topology.operator.crds: the CRD {name} has fields that "
+                        f"{', '.join(exc.managers) or 'another field manager'} owns and this "
+                        "chart's CRDs change; uerl takes over no other manager's fields. "
+                        f"Give them up (or set crds 'skip'), then `pulumi up` again ({exc})"
+                    ) from None
+                _apply_crd(api, name, doc, force=True)
         deadline = time.monotonic() + ESTABLISH_TIMEOUT_S
         for name in names:
             while not _established(_read(api, name)):
@@ -167,8 +249,13 @@ class CrdsProvider(pulumi.dynamic.ResourceProvider):
         return pulumi.dynamic.ReadResult(id_, {**props, "digest": digest})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
+        if props.get("mode") == "adopt":
+            # They were there before the stack, and so, likely, are other teams'
+            # RayClusters and RayJobs, which deleting a CRD deletes with it.
+            return
         api = _api(props)
         names = props.get("names") or []
+        _refuse_in_use(api, names, props)
         for name in names:
             _call(f"deleting CRD {name}", api.delete_custom_resource_definition, name)
         deadline = time.monotonic() + DELETE_TIMEOUT_S
@@ -184,7 +271,7 @@ class CrdsProvider(pulumi.dynamic.ResourceProvider):
 
 class KubeRayCRDs(pulumi.dynamic.Resource, module="uerl", name="KubeRayCRDs"):
     """The chart's CRDs (`topology.operator.crds`: `install` refuses ones already
-    there, `adopt` takes them over)."""
+    there, `adopt` takes them over and leaves them on `pulumi destroy`)."""
 
     names: pulumi.Output[list[str]]
 
@@ -193,6 +280,7 @@ class KubeRayCRDs(pulumi.dynamic.Resource, module="uerl", name="KubeRayCRDs"):
         name: str,
         bundle: CrdBundle,
         mode: str,
+        stack: tuple[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         config = pulumi.Config("kubernetes")
@@ -201,6 +289,9 @@ class KubeRayCRDs(pulumi.dynamic.Resource, module="uerl", name="KubeRayCRDs"):
             "digest": bundle.digest,
             "path": str(bundle.path),
             "mode": mode,
+            # (namespace, topology name): whose RayClusters a destroy may take with it.
+            "stack_namespace": stack[0],
+            "stack_name": stack[1],
             "context": config.get("context"),
             "kubeconfig": config.get_secret("kubeconfig"),
             "names": None,

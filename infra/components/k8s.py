@@ -25,6 +25,9 @@ _TYPED: dict[tuple[str, str], Callable[..., pulumi.CustomResource]] = {
     ("batch/v1", "Job"): k8s.batch.v1.Job,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
 }
+# Stack config of the default Kubernetes provider that an explicit provider
+# must be given too (it does not read `kubernetes:*` config itself).
+_PROVIDER_CONFIG = ("kubeconfig", "context", "cluster")
 # Top-level fields besides apiVersion/kind/metadata that the builders emit;
 # their names are also the typed classes' keyword arguments.
 _BODY_FIELDS = ("spec", "data")
@@ -51,4 +54,17 @@ def register(obj: K8sObject, opts: pulumi.ResourceOptions) -> pulumi.CustomResou
         metadata=obj["metadata"],
         spec=obj.get("spec"),
         opts=opts,
+    )
+
+
+def stack_provider(name: str, parent: pulumi.Resource, **options: bool) -> k8s.Provider:
+    """An explicit provider for the stack's cluster (the default provider's config),
+    with `options` (k8s.Provider's keyword arguments) on top."""
+    config = pulumi.Config("kubernetes")
+    settings = {key: config.get(key) for key in _PROVIDER_CONFIG}
+    return k8s.Provider(
+        name,
+        **options,
+        **{key: value for key, value in settings.items() if value is not None},
+        opts=pulumi.ResourceOptions(parent=parent),
     )

@@ -8,27 +8,16 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.components.crds_component import KubeRayCRDs
+from infra.components.k8s import stack_provider
 from infra.manifests.operator import ChartRelease
 from infra.manifests.operator_crds import crd_bundle
-
-# Stack config of the default Kubernetes provider that an explicit provider
-# must be given too (it does not read `kubernetes:*` config itself).
-_PROVIDER_CONFIG = ("kubeconfig", "context", "cluster")
 
 
 def adopting_provider(name: str, parent: pulumi.Resource) -> k8s.Provider:
     """A provider that takes over objects that already exist instead of failing
     with AlreadyExists (upsert), forcing field-manager conflicts with whoever
     applied them before (Helm, kubectl)."""
-    config = pulumi.Config("kubernetes")
-    settings = {key: config.get(key) for key in _PROVIDER_CONFIG}
-    return k8s.Provider(
-        name,
-        upsert_existing_objects=True,
-        enable_patch_force=True,
-        **{key: value for key, value in settings.items() if value is not None},
-        opts=pulumi.ResourceOptions(parent=parent),
-    )
+    return stack_provider(name, parent, upsert_existing_objects=True, enable_patch_force=True)
 
 
 class KubeRayOperator(pulumi.ComponentResource):
@@ -48,6 +37,7 @@ class KubeRayOperator(pulumi.ComponentResource):
         self,
         name: str,
         release: ChartRelease,
+        stack: tuple[str, str],
         depends_on: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -62,6 +52,7 @@ class KubeRayOperator(pulumi.ComponentResource):
                 f"{name}-crds",
                 crd_bundle(release),
                 release.crds,
+                stack,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),
             )
             chart_deps.append(self.crds)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pulumi
 
-from infra.components.k8s import register
+from infra.components.k8s import register, stack_provider
 from infra.manifests.common import K8sObject
 
 
@@ -17,11 +17,20 @@ class RunStorage(pulumi.ComponentResource):
         self,
         name: str,
         pvc: K8sObject,
+        keep: bool,
         depends_on: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("uerl:infra:RunStorage", name, None, opts)
         # Outlives every update of the Ray pods (a new image recreates them all): only a
         # new storage class or access mode replaces it, which `pulumi preview` shows.
-        self.pvc = register(pvc, pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)))
+        claim_opts = pulumi.ResourceOptions(parent=self, depends_on=list(depends_on))
+        if keep:
+            # `runs.claim.keep_on_destroy`: destroy leaves the claim and its runs. The next
+            # `pulumi up` finds it there: an upserting provider takes it back where the
+            # default one fails with AlreadyExists; without patch force, a claim that
+            # differs stops the update instead of being overwritten.
+            claim_opts.retain_on_delete = True
+            claim_opts.provider = stack_provider(f"{name}-keep", self, upsert_existing_objects=True)
+        self.pvc = register(pvc, claim_opts)
         self.register_outputs({"claim_name": pvc["metadata"]["name"]})

@@ -12,7 +12,8 @@ stacks in one namespace are fenced from each other too:
   may reach the head's dashboard port (the job API), to resubmit a run the head lost.
 - `<name>-ue` (networked): games accept their game port only from the stack's Ray pods.
 - With `security.restrict_egress`, the same pods may send only to the stack's own
-  pods and to DNS.
+  pods and to DNS; `<name>-ray-head-runs` lets the head reach the run store
+  (`runs.store: s3`) too, at its address or in its Service's namespace.
 
 Traffic inside a pod (a sidecar game on localhost) and the kubelet's probes are not
 subject to NetworkPolicies.
@@ -20,11 +21,19 @@ subject to NetworkPolicies.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from infra.manifests import raycluster, simulator
 from infra.manifests.common import K8sObject, metadata
-from infra.topology import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, SUPERVISOR_APP, Topology
+from infra.topology import (
+    CLIENT_PORT,
+    DASHBOARD_PORT,
+    GCS_PORT,
+    SUPERVISOR_APP,
+    Topology,
+    store_address,
+)
 
 COMPONENT = "network-policy"
 DNS_PORT = 53
@@ -128,6 +137,27 @@ def _head_supervisor(topology: Topology) -> K8sObject:
     )
 
 
+def _head_run_store(topology: Topology) -> K8sObject | None:
+    s3 = topology.runs.s3
+    if not topology.security.restrict_egress or topology.runs.store != "s3" or s3 is None:
+        return None
+    address = store_address(s3.endpoint)
+    assert address is not None  # Topology refuses a store egress cannot reach
+    rule: dict[str, Any]
+    if address.ip is not None and address.port is not None:
+        bits = ipaddress.ip_address(address.ip).max_prefixlen
+        rule = {"to": [{"ipBlock": {"cidr": f"{address.ip}/{bits}"}}], "ports": _tcp(address.port)}
+    else:
+        # The label every namespace carries (Kubernetes >= 1.21).
+        names = {"matchLabels": {"kubernetes.io/metadata.name": address.namespace}}
+        rule = {"to": [{"namespaceSelector": names}]}
+    return _policy(
+        topology,
+        f"{topology.name}-ray-head-runs",
+        {"podSelector": head_pods(topology), "policyTypes": ["Egress"], "egress": [rule]},
+    )
+
+
 def _games(topology: Topology) -> K8sObject | None:
     if topology.pattern != "networked":
         return None
@@ -155,6 +185,7 @@ def policies(topology: Topology) -> list[K8sObject]:
         _ray(topology),
         _head_external(topology),
         _head_supervisor(topology),
+        _head_run_store(topology),
         _games(topology),
     )
     return [policy for policy in built if policy is not None]

@@ -102,7 +102,15 @@ def _head(topology: Topology) -> dict[str, Any]:
     ]
     pod_spec = {
         "containers": [container],
-        "volumes": [{"name": ENDPOINTS_VOLUME, "configMap": {"name": configmap_name(topology)}}],
+        "volumes": [
+            {"name": ENDPOINTS_VOLUME, "configMap": {"name": configmap_name(topology)}},
+            # /tmp, as every pod's (pod_security.restrict), but limited: a run bound for a
+            # bucket is staged there, and an unlimited emptyDir can fill the node's disk.
+            {
+                "name": pod_security.TMP_VOLUME,
+                "emptyDir": {"sizeLimit": topology.runs.staging_size},
+            },
+        ],
         # PID 1 of the Ray container is `ray start`, which reaps no orphans. A job's shell
         # dies first on `ray job stop`, its driver is orphaned, and the zombie it leaves
         # holds Ray's stop until the SIGKILL RAY_JOB_STOP_WAIT_TIME_S later (ray#50031).

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from build_wait import build_rc_file, wait_for_pieces
-from controlplane import NODE_API_ADDRESS, BinariesMissing, ControlPlane, piece_bin_dir
+from controlplane import NODE_API_ADDRESS, BinariesMissing, ControlPlane, piece_built
 from node import Node
 
 # ------------------------------------------------ each module once its pieces are built
@@ -16,7 +16,7 @@ _waited: set[str] = set()
 
 
 def _piece_complete(piece: str) -> bool:
-    return (piece_bin_dir(piece).parent / ".complete").is_file()
+    return piece_built(piece)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import ipaddress
 import json
 import os
@@ -132,13 +133,35 @@ def piece_bin_dir(piece: str) -> Path:
     return cache_dir() / f"{piece}-{pinned_versions()[piece]}" / "bin"
 
 
+def piece_recipe(piece: str) -> str:
+    """What build.sh records as the piece's recipe: its wrapper module's go.mod and go.sum
+    (a piece built from other ones is stale though its version matches)."""
+    wrapper = Path(__file__).parent / "build" / piece
+    if not (wrapper / "go.mod").is_file():
+        return ""
+    files = [wrapper / "go.mod", wrapper / "go.sum"]
+    data = b"".join(f.read_bytes() for f in files if f.is_file())
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def piece_built(piece: str) -> bool:
+    """Built by build.sh, from the wrapper module in this checkout."""
+    marker = piece_bin_dir(piece).parent / ".complete"
+    try:
+        lines = marker.read_text().splitlines()
+    except OSError:
+        return False
+    recorded = next((ln.removeprefix("recipe=") for ln in lines if ln.startswith("recipe=")), "")
+    return recorded == piece_recipe(piece)
+
+
 def find_binaries(pieces: Sequence[str]) -> dict[str, Path]:
     """Paths of the pieces' binaries, or BinariesMissing saying how to build them."""
     found: dict[str, Path] = {}
     missing: list[str] = []
     for piece in pieces:
         bin_dir = piece_bin_dir(piece)
-        complete = (bin_dir.parent / ".complete").is_file()
+        complete = piece_built(piece)
         for name in PIECES[piece]:
             path = bin_dir / name
             if complete and os.access(path, os.X_OK):

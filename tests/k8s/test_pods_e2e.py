@@ -9,7 +9,9 @@ the KubeRay operator runs from its chart's Deployment. Training is what a user r
 `ray job submit` through `kubectl port-forward` to the head's dashboard, `uerl train`
 reading `/etc/uerl/endpoints.json` and storing the run on the runs claim, `uerl runs list`
 and `pull` of it and `uerl export` on this machine; then `uerl submit` from this machine
-(its own port-forward through the Kubernetes API), to the job's end and with Ctrl-C. The
+(its own port-forward through the Kubernetes API), to the job's end and with Ctrl-C;
+then `uerl submit --supervise` runs on the claim and in a bucket, each under a seeded
+fault schedule with a checker of its invariants beside it (fault_schedule.py). The
 tests run in file order and share the `dev` stack: each stage is a module fixture, each
 test checks one thing of what it left.
 """
@@ -25,13 +27,40 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 from controlplane import NODE_API_ADDRESS, ControlPlane
+from fault_schedule import (
+    ENDS_THE_ATTEMPT,
+    HEAD,
+    HEAD_DURING_UPLOAD,
+    LEARNER,
+    NEW_IMAGE,
+    OPERATOR,
+    STORE,
+    SUPERVISOR,
+    WORKER,
+    Checker,
+    Fault,
+    JobState,
+    LogView,
+    Schedule,
+    StoredRun,
+    Struck,
+    SupervisorLogs,
+    Violation,
+    make_schedule,
+    read_stored,
+    seed_from_environment,
+    supervisor_end_problems,
+    written_checkpoints,
+)
 from host_speed import guard
 from node import Node
 from node_images import busybox_image
@@ -64,6 +93,8 @@ from stacks import running_and_ready
 from infra.topology import JOB_STOP_GRACE_S, quantity_value
 from training.ray_auth import token_client
 from training.runstore import attempts
+from training.runstore.atomic import PARTIAL_PREFIX
+from training.runstore.retention import iteration_of, returns_by_iteration
 
 # Every wait below is a hang guard (host_speed.guard), several times the slowest honest run
 # (docs/performance.md, "Training on real pods"); the figures are printed, not asserted.
@@ -674,24 +705,103 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
     assert f"checkpoint: /uerl/runs/{SUBMIT_STOP_RUN}/checkpoints/checkpoint_" in log, log[-6000:]
 
 
-# ---- a run that outlives its head: `uerl submit --supervise`, the head pod deleted -------
+# ---- runs that outlive their pods: `uerl submit --supervise` under a fault schedule ------
+#
+# One supervised run on the claim and one in a bucket, each while a seeded schedule
+# (fault_schedule.py) strikes: on the claim the head force-deleted, the supervisor's own
+# pod and a worker pod; in the bucket the store stopped 30 s, the operator's pod, the
+# learner pod, `pulumi up` with a new image and the head force-deleted while a
+# checkpoint's upload hangs. A checker beside each run holds it to its invariants the
+# whole time. The seed and each fault's time are printed and in the figures: with
+# UERL_FAULT_SEED=<seed> a failed schedule runs again in the same order.
 
 SUPERVISED_RUN = "supervised"
-SUPERVISED_ITERATIONS = 12
-HEAD_LOST_AT = 5  # the iteration after which the head pod is deleted (checkpoints: every 2)
+# Room for its three faults: the first after 4-5 iterations (the return has moved by
+# then), each next 1-2 iterations after the one before is over; the run trains on while
+# a replaced supervisor starts and follows (up to 6 iterations here), and some after the
+# last fault.
+SUPERVISED_ITERATIONS = 24
+CLAIM_FAULTS = (HEAD, SUPERVISOR, WORKER)
+CHECKPOINT_EVERY = 2  # both supervised runs' --checkpoint-every
+CHECK_EVERY_S = 3.0  # the checker's rounds
+STORE_PAUSE_S = 30.0  # the store's outage
+# The store stopped until the next checkpoint is written (a checkpoint interval, about 7 s
+# here) and seen in the supervisor's log; back before the new head's restore gives up on
+# it (the run storage waits 60 s for a store).
+UPLOAD_PAUSE_S = guard(40)
+JOB_API_TIMEOUT_S = guard(20)  # one request of the checker to the head's job API
+# Checks over the runs' whole life: a checker that read too little proved nothing.
+CHECKER_ROUNDS_AT_LEAST = 10
+# A dead writer's save cut short (a writer id no process has), as a head lost mid-save
+# leaves one: on the claim the next attempt must remove it when it takes the run; in
+# the head's staging of a bucket run the mirror must never upload it.
+LEFTOVER = f"checkpoints/{PARTIAL_PREFIX}0badc0de-checkpoint_000001"
 
 
 @dataclass
-class SupervisedRun:
+class FaultRun:
+    """A supervised run through its fault schedule, as it went."""
+
     job: str
-    log: str
-    pulled: Path
-    lost_after: int  # the last iteration the first attempt printed
+    schedule: Schedule
+    struck: list[Struck]
+    over_s: dict[int, float]  # each fault (its index) -> until the run was over it, s
+    violations: list[Violation]
+    counts: dict[str, int]  # the checker's rounds, by what they read
+    log: str  # every pod's log of the supervisor's Job, oldest pod first
+    end_problems: list[str]  # supervisor_end_problems at its end
+    evidence: dict[str, str]  # what the faults left to check
+    pulled: Path = Path()  # `uerl runs pull` of it
+    run_dir: Path | None = None  # on the claim, as this machine reads its volume
+
+    def hit(self, kind: str) -> Struck:
+        [found] = [hit for hit in self.struck if hit.kind == kind]
+        return found
 
 
-def _supervisor_log(cp: ControlPlane, job: str) -> str:
-    done = cp.kubectl("logs", "-n", NAMESPACE, f"job/{job}", check=False, timeout_s=guard(120))
-    return done.stdout + done.stderr
+@dataclass
+class _Faults:
+    """One supervised run under its schedule: what the faults act on, how it is watched."""
+
+    cp: ControlPlane
+    label: str  # in printed lines and figures
+    run: str
+    job: str
+    schedule: Schedule
+    logs: SupervisorLogs
+    checker: Checker
+    figures: Figures
+    run_dir: Path | None = None  # the claim's run, on this machine
+    store: ObjectStore | None = None
+    bucket_root: str = ""  # the bucket's run: <bucket>/<prefix>/<run>
+    project: PulumiProject | None = None
+    node: Node | None = None
+    images: dict[str, str] = field(default_factory=dict)
+    deleted_supervisors: set[str] = field(default_factory=set)  # their uids
+    evidence: dict[str, str] = field(default_factory=dict)
+    over_s: dict[int, float] = field(default_factory=dict)
+    pauses: list[threading.Thread] = field(default_factory=list)  # the store's, in flight
+
+
+@pytest.fixture(scope="module")
+def fault_seed(figures: Figures) -> int:
+    """The seed of the module's schedules: UERL_FAULT_SEED's, else a new one, printed."""
+    seed = seed_from_environment()
+    figures["fault schedule seed"] = seed
+    return seed
+
+
+def _submit_supervised(kube: tuple[str, ...], run: str, iterations: int) -> str:
+    """`uerl submit --supervise`, as a user runs it; the supervisor Job's name."""
+    made = subprocess.run(
+        [str(UERL), "submit", *kube, "--supervise", "--", "train", "--run-name", run,
+         "--iterations", str(iterations), *TRAIN_ARGS,
+         "--checkpoint-every", str(CHECKPOINT_EVERY)],
+        capture_output=True, text=True, timeout=guard(300),
+    )  # fmt: skip
+    print(made.stdout, made.stderr)
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
 
 
 WRITTEN = re.compile(
@@ -720,105 +830,475 @@ def _checkpoint_figures(figures: Figures, run: str, log: str) -> None:
         figures[f"{run}: upload to the bucket s, median"] = median([float(t) for _, t in uploaded])
 
 
+def _supervisor_pods(cp: ControlPlane, job: str) -> list[dict[str, Any]]:
+    pods = cp.get_json("pods", "-n", NAMESPACE, "-l", f"job-name={job}")["items"]
+    return sorted(pods, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
+
+
+def _pod_log(cp: ControlPlane, pod: str) -> str | None:
+    done = cp.kubectl("logs", "-n", NAMESPACE, pod, check=False, timeout_s=guard(120))
+    return done.stdout if done.returncode == 0 else None
+
+
+def _operator_pods(cp: ControlPlane) -> list[dict[str, Any]]:
+    selector = "app.kubernetes.io/name=kuberay-operator"
+    pods = cp.get_json("pods", "-n", NAMESPACE, "-l", selector)["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _head_images(cp: ControlPlane) -> set[str]:
+    return {
+        c["image"] for p in ray_pods(cp) for c in p["spec"]["containers"] if c["name"] == "ray-head"
+    }
+
+
+def _job_ended(cp: ControlPlane, job: str) -> bool:
+    """The Job's own end (Complete or Failed), not a count: a pod the schedule deleted
+    is counted failed while the Job goes on."""
+    status = cp.get_json("job", job, "-n", NAMESPACE).get("status", {})
+    return any(
+        c["type"] in ("Complete", "Failed") and c["status"] == "True"
+        for c in status.get("conditions") or []
+    )
+
+
+def _claim_dir(cp: ControlPlane) -> Path:
+    """The runs claim's volume on this machine: the tier binds the claim to one of its
+    hostPath PersistentVolumes (controlplane.py), read here directly, head or no head."""
+    claim = cp.get_json("pvc", f"{CLUSTER}-runs", "-n", NAMESPACE)
+    volume = cp.get_json("pv", claim["spec"]["volumeName"])
+    return Path(volume["spec"]["hostPath"]["path"])
+
+
+def _force_delete(cp: ControlPlane, pod: str) -> None:
+    """As a node lost takes it: no grace, the object gone at once."""
+    cp.kubectl("delete", "pod", "-n", NAMESPACE, pod, "--grace-period=0", "--force", "--wait=false")
+
+
+def _plant_leftover(run_dir: Path) -> Path:
+    """LEFTOVER in the claim's run, owned as the run's files are (its writer must be able
+    to remove it)."""
+    leftover = run_dir / LEFTOVER
+    owner = leftover.parent.stat()
+    leftover.mkdir()
+    part = leftover / "module_state.pkl"
+    part.write_bytes(b"cut short")
+    for path in (leftover, part):
+        os.chown(path, owner.st_uid, owner.st_gid)
+    return leftover
+
+
+def _plant_in_staging(cp: ControlPlane, run: str) -> str:
+    """LEFTOVER in the head's staging of a bucket run (its /tmp, where the driver writes
+    before the mirror uploads); the exec's exit status and output."""
+    staged = f"/tmp/uerl-runs/{run}"
+    script = (
+        f"test -f {staged}/metrics.csv && mkdir -p {staged}/{LEFTOVER} && "
+        f"echo cut-short > {staged}/{LEFTOVER}/module_state.pkl"
+    )
+    done = cp.kubectl("exec", "-n", NAMESPACE, head_pod(cp), "-c", "ray-head", "--",
+                      "sh", "-c", script, check=False, timeout_s=guard(120))  # fmt: skip
+    return f"exit {done.returncode}: {done.stdout}{done.stderr}".strip()
+
+
+def _watch(
+    cp: ControlPlane,
+    label: str,
+    run: str,
+    job: str,
+    schedule: Schedule,
+    figures: Figures,
+    forward: PortForward,
+    *,
+    keep: int | None,
+    read_store: Callable[[], StoredRun],
+    claim: bool,
+) -> _Faults:
+    """The run's supervisor log and its checker: the stored run as `read_store` reads it,
+    the head's jobs through `forward` (its own port-forward, started again for each new
+    head), the supervisor Job's pods' logs."""
+    logs = SupervisorLogs(
+        lambda: [p["metadata"]["name"] for p in _supervisor_pods(cp, job)],
+        lambda pod: _pod_log(cp, pod),
+    )
+    headers = token_client.headers(ray_token(cp))  # the cluster's: it outlives its heads
+
+    def read_jobs() -> list[JobState]:
+        forward.ensure()  # no head: ControlPlaneError, a round without the job API
+        request = urllib.request.Request(f"{forward.url}/api/jobs/", headers=headers)
+        with urllib.request.urlopen(request, timeout=JOB_API_TIMEOUT_S) as answer:
+            listed = json.load(answer)
+        return [JobState(str(j.get("submission_id") or ""), str(j.get("status")),
+                         j.get("metadata") or {}) for j in listed]  # fmt: skip
+
+    checker = Checker(
+        run,
+        keep=keep,
+        checkpoint_every=CHECKPOINT_EVERY,
+        read_store=read_store,
+        read_jobs=read_jobs,
+        head_ready=lambda: any(running_and_ready(p) for p in ray_pods(cp, "headgroup")),
+        logs=logs.refresh,
+        interval_s=CHECK_EVERY_S,
+        # A round storing what waited through an outage, then deleting the oldest.
+        settle_s=guard(45),
+        # A new head Ready before its dashboard answers, a port-forward started again.
+        unanswered_limit_s=guard(180),
+        partials_allowed=claim,
+    )
+    return _Faults(cp, label, run, job, schedule, logs, checker, figures)
+
+
+def _through(f: _Faults, iterations: int, started: Callable[[], None] | None = None) -> FaultRun:
+    """The run through its schedule to its end, the checker beside it from its submission
+    on; `started`, called once the first iteration shows."""
+    f.checker.start()
+    try:
+        f.cp.wait_until(lambda: bool(f.logs.refresh().pairs), guard(900),
+                        f"the first iteration of run {f.run}", interval_s=2)  # fmt: skip
+        if started is not None:
+            started()
+        struck = _run_schedule(f, iterations)
+        f.cp.wait_until(lambda: _job_ended(f.cp, f.job), guard(1200),
+                        f"the supervisor Job {f.job} to end", interval_s=3)  # fmt: skip
+        violations = f.checker.stop(guard(180))  # with a last round: the end state
+    finally:
+        f.checker.stop(guard(180), final=False)
+        for pause in f.pauses:  # the store goes on by itself after its pause
+            pause.join(UPLOAD_PAUSE_S + guard(60))
+        view = f.logs.refresh()  # also when a fault or a wait failed: what it did
+        print(f"--- supervisor {f.job} ---\n{view.text[-8000:]}")
+    for violation in violations:
+        print(f"{f.label}: invariant broken: {violation}")
+    status = f.cp.get_json("job", f.job, "-n", NAMESPACE).get("status", {})
+    end = supervisor_end_problems(status, _supervisor_pods(f.cp, f.job), f.deleted_supervisors)
+    counts = dict(f.checker.counts)
+    f.figures[f"{f.label}: invariant checks"] = counts | {
+        "most checkpoints stored": f.checker.most_checkpoints
+    }
+    return FaultRun(f.job, f.schedule, struck, f.over_s, violations, counts, view.text, end,
+                    f.evidence, run_dir=f.run_dir)  # fmt: skip
+
+
+def _run_schedule(f: _Faults, iterations: int) -> list[Struck]:
+    """Each fault once the run has shown its iterations since the one before was over;
+    then until the run is over it."""
+    print(f"{f.label}: {f.schedule.describe()}", flush=True)
+    f.figures[f"{f.label}: fault schedule"] = f.schedule.describe()
+    struck: list[Struck] = []
+    mark = f.logs.refresh()
+    for index, fault in enumerate(f.schedule.faults, 1):
+
+        def due(seen: frozenset[tuple[int, int]] = mark.pairs, fault: Fault = fault) -> bool:
+            view = f.logs.refresh()
+            if view.last_iteration >= iterations or _job_ended(f.cp, f.job):
+                raise AssertionError(
+                    f"{f.label}: the run ended before fault {fault.kind} struck: give it more "
+                    f"iterations. {f.schedule.describe()}\n{view.text[-6000:]}"
+                )
+            return len(view.pairs - seen) >= fault.after
+
+        f.cp.wait_until(due, guard(900), f"{fault.after} iteration(s) before fault {index} "
+                        f"({fault.kind})", interval_s=1)  # fmt: skip
+        before = f.logs.refresh()
+        hit = _strike(f, index, fault)
+        struck.append(hit)
+        print(f"{f.label}: fault {hit.describe()}", flush=True)
+        f.cp.wait_until(lambda hit=hit, before=before: _over(f, hit, before), guard(900),
+                        f"the run going on after fault {index} ({fault.kind})",
+                        interval_s=2)  # fmt: skip
+        f.over_s[index] = round(f.checker.elapsed() - hit.at_s, 1)
+        f.figures[f"{f.label}: fault {index}"] = {
+            "kind": hit.kind, "at_s": hit.at_s, "after_iteration": hit.lost_after,
+            "attempt": hit.attempt, "over_s": f.over_s[index],
+        }  # fmt: skip
+        mark = f.logs.refresh()
+    return struck
+
+
+def _strike(f: _Faults, index: int, fault: Fault) -> Struck:
+    """`fault`, done. Its record is read right before it acts (the attempt and the last
+    iteration the log shows, the newest checkpoint stored) and given to the checker
+    first: the attempt it ends is accounted for by it."""
+    cp = f.cp
+
+    def struck(what: str, *, store_down: bool = False, stored_before: int | None = None) -> Struck:
+        now = f.logs.refresh()
+        if stored_before is None:
+            stored_before = f.checker.stored_iteration()
+        hit = Struck(index, fault.kind, round(f.checker.elapsed(), 1), now.attempt,
+                     now.last_iteration, stored_before, store_down, what)  # fmt: skip
+        f.checker.struck(hit)
+        return hit
+
+    if fault.kind == HEAD:
+        head = head_pod(cp)
+        if f.run_dir is not None:
+            f.evidence["leftover"] = str(_plant_leftover(f.run_dir))
+        hit = struck(head)
+        _force_delete(cp, head)
+        return hit
+    if fault.kind == HEAD_DURING_UPLOAD:
+        return _head_during_upload(f, struck)
+    if fault.kind == SUPERVISOR:
+        [pod] = [p["metadata"] for p in _supervisor_pods(cp, f.job) if running_and_ready(p)]
+        hit = struck(pod["name"])
+        f.deleted_supervisors.add(pod["uid"])
+        cp.kubectl("delete", "pod", "-n", NAMESPACE, pod["name"], "--wait=false")
+        return hit
+    if fault.kind in (LEARNER, WORKER, OPERATOR):
+        pods = (
+            _operator_pods(cp)
+            if fault.kind == OPERATOR
+            else ray_pods(cp, "learners" if fault.kind == LEARNER else "workers")
+        )
+        pod = min((p["metadata"] for p in pods), key=lambda meta: meta["name"])
+        f.evidence[fault.kind] = pod["uid"]
+        hit = struck(pod["name"])
+        cp.kubectl("delete", "pod", "-n", NAMESPACE, pod["name"], "--wait=false")
+        return hit
+    if fault.kind == STORE:
+        assert f.store is not None
+        hit = struck(f"the store stopped {STORE_PAUSE_S:.0f} s")
+        before = f.logs.view()
+        f.evidence[STORE] = before.last_line  # the mirror's lines about it come after this
+        f.store.pause(STORE_PAUSE_S)  # the checker reads no store meanwhile
+        shown = f.logs.refresh().pairs - before.pairs
+        f.figures[f"{f.label}: iterations while the store was gone 30 s"] = len(shown)
+        return hit
+    if fault.kind == NEW_IMAGE:
+        assert f.node is not None and f.project is not None
+        # KubeRay recreates every Ray pod (upgradeStrategy Recreate), the head with them.
+        # The same image under a new tag.
+        new_image = f"{f.images['ray']}-next"
+        f.node.ctr("-n", "k8s.io", "images", "tag", "--force", f.images["ray"], new_image)
+        hit = struck(new_image)
+        _config_up(f.project, "topology.ray.image", new_image)
+        return hit
+    raise AssertionError(f"no way to strike {fault.kind}")
+
+
+def _head_during_upload(f: _Faults, struck: Callable[..., Struck]) -> Struck:
+    """The store stopped right after a checkpoint is stored (`latest` uploaded, the round's
+    deletions done), so that the next checkpoint's upload hangs on it; the head force-
+    deleted once the driver says it wrote that one. Its record: the hanging checkpoint
+    and the stored one, which the next attempt must resume from."""
+    assert f.store is not None
+    cp, s3 = f.cp, f.store.filesystem()
+
+    def read() -> StoredRun | None:
+        with contextlib.suppress(OSError):
+            return read_stored(s3, f.bucket_root)
+        return None
+
+    first = read()
+    stored: list[StoredRun] = []
+    # Checkpoints stored in part before (a head lost mid-round leaves them): not this
+    # round's, which must end with its uploads and deletions done.
+    cut = {n for n, whole in (first or StoredRun()).checkpoints().items() if not whole}
+
+    def a_round_ended() -> bool:
+        now = read()
+        if now is None or now.latest is None or (first is not None and now.latest == first.latest):
+            return False
+        stored.append(now)
+        return all(whole or name in cut for name, whole in now.checkpoints().items())
+
+    cp.wait_until(a_round_ended, guard(600), "a new checkpoint stored in the bucket",
+                  interval_s=0.25)  # fmt: skip
+    kept = stored[-1].latest
+    kept_at = iteration_of(kept or "")
+    assert kept is not None and kept_at is not None, kept
+    pause = threading.Thread(target=f.store.pause, args=(UPLOAD_PAUSE_S,), daemon=True)
+    pause.start()
+    f.pauses.append(pause)
+    # Written from now on (an earlier attempt may have said so of a later checkpoint it
+    # never stored).
+    said = Counter(written_checkpoints(f.logs.refresh().text))
+    hanging: list[str] = []
+
+    def next_written() -> bool:
+        new = Counter(written_checkpoints(f.logs.refresh().text)) - said
+        hanging[:] = sorted(name for name in new if (iteration_of(name) or 0) > kept_at)
+        return bool(hanging)
+
+    # Its upload hangs from its first request on: the head is deleted while the store
+    # is still stopped.
+    cp.wait_until(next_written, UPLOAD_PAUSE_S * 0.75,
+                  f"a checkpoint after {kept} written while the store is stopped",
+                  interval_s=0.5)  # fmt: skip
+    head = head_pod(cp)
+    hit = struck(head, store_down=True, stored_before=kept_at)
+    _force_delete(cp, head)
+    f.evidence[HEAD_DURING_UPLOAD] = f"{hanging[0]} {kept}"
+    return hit
+
+
+def _over(f: _Faults, hit: Struck, before: LogView) -> bool:
+    """The run is over `hit`: an iteration shown since (by the next attempt when it ended
+    one; by the supervisor's new pod when it deleted the old), and what the fault leaves
+    done is done."""
+    cp, view = f.cp, f.logs.refresh()
+    new = view.pairs - before.pairs
+    if hit.kind in ENDS_THE_ATTEMPT:
+        shown = any(attempt > hit.attempt for attempt, _ in new)
+    elif hit.kind == SUPERVISOR:
+        others = [pairs for pod, pairs in view.pod_pairs.items() if pod != hit.what]
+        shown = any(pairs - before.pairs for pairs in others)
+    else:
+        shown = bool(new)
+    if not shown:
+        return False
+    if hit.kind == STORE:  # the mirror's own word that it stores again
+        return "run storage: storing again after " in lines_after(view.text, f.evidence[STORE])
+    if hit.kind == OPERATOR:  # back, to make the next head a fault may ask for
+        return any(
+            running_and_ready(p) and p["metadata"]["uid"] != f.evidence[OPERATOR]
+            for p in _operator_pods(cp)
+        )
+    if hit.kind == NEW_IMAGE:
+        f.evidence["head images"] = " ".join(sorted(_head_images(cp)))
+        return f.evidence["head images"] == hit.what
+    if hit.kind == HEAD_DURING_UPLOAD:  # the store back: the next fault may stop it again
+        return not any(pause.is_alive() for pause in f.pauses)
+    return True
+
+
+def _assert_held_its_invariants(run: FaultRun) -> None:
+    struck = "\n".join(hit.describe() for hit in run.struck)
+    assert [hit.kind for hit in run.struck] == [fault.kind for fault in run.schedule.faults]
+    # Read all along: a checker that read little proved little.
+    assert run.counts.get("store read", 0) >= CHECKER_ROUNDS_AT_LEAST, run.counts
+    assert run.counts.get("job API answered", 0) >= CHECKER_ROUNDS_AT_LEAST, run.counts
+    assert run.violations == [], (
+        "\n".join(map(str, run.violations)) + f"\n{run.schedule.describe()}\n{struck}"
+    )
+
+
 @pytest.fixture(scope="module")
 def supervised_run(
     node_control_plane: ControlPlane,
     sidecar_run: SidecarRun,  # its job stopped: the games are free
     submit_endpoints: Path,
     figures: Figures,
+    fault_seed: int,
     tmp_path_factory: pytest.TempPathFactory,
-) -> SupervisedRun:
-    """A supervised training whose head pod is deleted mid-run, to its end, then pulled."""
+) -> FaultRun:
+    """A supervised training on the claim under its schedule (its head, the supervisor's
+    pod, a worker pod), to its end, then pulled."""
     cp = node_control_plane
     kube = ("--endpoints", str(submit_endpoints), "--kubeconfig", str(cp.kubeconfig))
-    made = subprocess.run(
-        [str(UERL), "submit", *kube, "--supervise", "--", "train", "--run-name", SUPERVISED_RUN,
-         "--iterations", str(SUPERVISED_ITERATIONS), *TRAIN_ARGS, "--checkpoint-every", "2"],
-        capture_output=True, text=True, timeout=guard(300),
-    )  # fmt: skip
-    print(made.stdout, made.stderr)
-    assert made.returncode == 0, made.stderr
-    job = made.stdout.strip()
-
-    def iterations() -> list[int]:
-        return [p.iteration for p in progress(_supervisor_log(cp, job))]
-
-    cp.wait_until(lambda: max(iterations(), default=0) >= HEAD_LOST_AT, guard(900),
-                  f"iteration {HEAD_LOST_AT} of the supervised run", interval_s=3)  # fmt: skip
-    lost_after = max(iterations())
-    cp.kubectl("delete", "pod", "-n", NAMESPACE, head_pod(cp), "--wait=false")
-    deleted = time.monotonic()
-
-    def resumed() -> bool:  # an iteration of the second attempt
-        log = _supervisor_log(cp, job)
-        return bool(progress(lines_after(log, "submitting job uerl-supervised-2")))
-
-    # 69-85 s honest (a new head, the workers rejoined, the run resumed).
-    cp.wait_until(resumed, guard(900), "an iteration after the head was lost", interval_s=3)
-    figures["supervised: head deleted -> next iteration, s"] = round(time.monotonic() - deleted)
-
-    def finished() -> bool:
-        status = cp.kubectl("get", "job", "-n", NAMESPACE, job, "-o",
-                            "jsonpath={.status.succeeded}/{.status.failed}").stdout  # fmt: skip
-        return status.startswith("1/") or status.endswith("/1")
-
-    cp.wait_until(finished, guard(900), f"the supervisor Job {job} to end", interval_s=3)
-    log = _supervisor_log(cp, job)
-    print(f"--- supervisor {job} ---\n{log[-8000:]}")
-    _checkpoint_figures(figures, "supervised (claim)", log)
+    schedule = make_schedule(fault_seed, CLAIM_FAULTS, first=(4, 5), gap=(1, 2),
+                             salt=SUPERVISED_RUN)  # fmt: skip
+    keep = json.loads(submit_endpoints.read_text())["runs"]["keep_checkpoints"]
+    run_dir = _claim_dir(cp) / SUPERVISED_RUN
+    local = fs.LocalFileSystem()
+    job = _submit_supervised(kube, SUPERVISED_RUN, SUPERVISED_ITERATIONS)
+    with PortForward(cp, tmp_path_factory.mktemp("supervised-jobs"), 8265) as forward:
+        f = _watch(cp, "supervised (claim)", SUPERVISED_RUN, job, schedule, figures, forward,
+                   keep=keep, read_store=lambda: read_stored(local, str(run_dir)),
+                   claim=True)  # fmt: skip
+        f.run_dir = run_dir
+        run = _through(f, SUPERVISED_ITERATIONS)
+    _checkpoint_figures(figures, "supervised (claim)", run.log)
+    figures["supervised: head deleted -> next iteration, s"] = run.over_s[run.hit(HEAD).index]
     pulled = tmp_path_factory.mktemp("supervised")
     got = subprocess.run([str(UERL), "runs", "pull", SUPERVISED_RUN, *kube, "--to", str(pulled)],
                          capture_output=True, text=True, timeout=guard(600))  # fmt: skip
     assert got.returncode == 0, got.stderr
-    return SupervisedRun(job, log, pulled / SUPERVISED_RUN, lost_after)
+    run.pulled = pulled / SUPERVISED_RUN
+    return run
 
 
-def test_a_supervised_run_carries_on_to_its_end_after_its_head_pod_is_deleted(
-    node_control_plane: ControlPlane, supervised_run: SupervisedRun
+def test_a_supervised_run_ends_succeeded_through_its_fault_schedule(
+    supervised_run: FaultRun,
 ) -> None:
-    status = node_control_plane.kubectl("get", "job", "-n", NAMESPACE, supervised_run.job,
-                                        "-o", "jsonpath={.status.succeeded}").stdout  # fmt: skip
-    assert status == "1", supervised_run.log[-6000:]
+    run = supervised_run
+    # The Job's end, and no supervisor failed and run again: one pod Succeeded, and the
+    # only failed one is the pod the schedule deleted.
+    assert run.end_problems == [], "\n".join(run.end_problems) + "\n" + run.log[-6000:]
+    assert progress(run.log)[-1].iteration == SUPERVISED_ITERATIONS, run.log[-6000:]
     said = "attempt 2 of run supervised: submitting job uerl-supervised-2 (the Ray head was lost"
-    assert said in supervised_run.log, supervised_run.log[-6000:]
-    assert progress(supervised_run.log)[-1].iteration == SUPERVISED_ITERATIONS
+    assert said in run.log, run.log[-6000:]
+
+
+def test_the_claim_run_held_its_invariants_the_whole_time(supervised_run: FaultRun) -> None:
+    _assert_held_its_invariants(supervised_run)
 
 
 def test_the_resumed_run_stored_every_iteration_once_and_lost_at_most_a_checkpoint_interval(
-    supervised_run: SupervisedRun,
+    supervised_run: FaultRun,
 ) -> None:
-    rows = (supervised_run.pulled / "metrics.csv").read_text().splitlines()[1:]
+    run = supervised_run
+    rows = (run.pulled / "metrics.csv").read_text().splitlines()[1:]
     assert [int(r.split(",")[0]) for r in rows] == list(range(1, SUPERVISED_ITERATIONS + 1))
-    # Two attempts: the second waited for the new head's workers (--wait-for-nodes).
-    first, second = attempts.read(supervised_run.pulled)
+    # One fault ended an attempt (the head): two attempts; the second waited for the new
+    # head's workers (--wait-for-nodes).
+    first, second = attempts.read(run.pulled)
     assert (first["attempt"], first["resumed_from"]) == (1, None)
     assert second["attempt"] == 2 and second["reason"].startswith("the Ray head was lost")
-    # At most one checkpoint interval (2) of the first attempt's work is done again.
-    assert supervised_run.lost_after - second["iteration"] <= 2, (supervised_run.lost_after, second)
+    # At most one checkpoint interval of the first attempt's work is done again: against
+    # the last iteration it showed right before its head was deleted (the driver may be
+    # an iteration past what the log showed, and have stored it).
+    lost_after = run.hit(HEAD).lost_after
+    assert lost_after - second["iteration"] <= CHECKPOINT_EVERY, (lost_after, second)
 
 
-def test_the_resumed_run_keeps_improving(supervised_run: SupervisedRun) -> None:
-    rows = [r.split(",") for r in (supervised_run.pulled / "metrics.csv").read_text().splitlines()]
-    column = rows[0].index("episode_return_mean")
-    returns = [float(r[column]) for r in rows[1:] if r[column] not in ("", "nan")]
-    assert max(returns[HEAD_LOST_AT:]) >= 1.5 * returns[0], returns
+def test_the_resumed_run_keeps_improving_from_where_its_head_was_lost(
+    supervised_run: FaultRun,
+) -> None:
+    """Against the return where the run resumed, not its first: a run started over from
+    scratch falls back to its first returns (and could still beat those)."""
+    returns = returns_by_iteration(supervised_run.pulled)
+    resumed = attempts.read(supervised_run.pulled)[1]["iteration"]
+    first = returns[min(returns)]
+    before = returns[max(i for i in returns if i <= resumed)]
+    after = [returns[i] for i in sorted(returns) if i > resumed]
+    assert len(after) >= 2, returns
+    assert max(after[:2]) >= (first + before) / 2, (first, before, after)  # not back at the start
+    assert max(after) >= before, (before, after)  # and on from there
 
 
-# ---- the same in a bucket: a learner pod lost, the store gone for 30 s, a new image ------
+def test_the_next_attempt_removes_a_dead_writers_leftover_from_the_claim(
+    supervised_run: FaultRun,
+) -> None:
+    run = supervised_run
+    assert run.run_dir is not None
+    planted = Path(run.evidence["leftover"])  # there when the head was deleted
+    assert planted.parent == run.run_dir / "checkpoints", planted
+    left = sorted(p.relative_to(run.run_dir).as_posix() for p in run.run_dir.rglob("*")
+                  if p.name.startswith(PARTIAL_PREFIX))  # fmt: skip
+    assert left == [], left
+
+
+def test_a_deleted_supervisor_pod_is_replaced_by_one_following_the_running_attempt(
+    supervised_run: FaultRun,
+) -> None:
+    hit = supervised_run.hit(SUPERVISOR)
+    job = f"uerl-{SUPERVISED_RUN}-{hit.attempt}"
+    said = f"following attempt {hit.attempt} (job {job}), already RUNNING"
+    assert said in supervised_run.log, supervised_run.log[-6000:]
+
+
+# ---- the same in a bucket: the store stopped, the operator, a learner, a new image, the
+# ---- head lost while an upload hangs
 
 BUCKET = "runs"
 BUCKET_RUN = "bucket"
-BUCKET_ITERATIONS = 50  # room for the learner lost, the 30 s pause and a new image
+# Room for its five faults (about 55 iterations at 3 s each, more on a faster host):
+# iterations go on while the store is stopped and until the mirror stores again (about
+# 45 s), and while `pulumi up` runs before the pods go.
+BUCKET_ITERATIONS = 70
+BUCKET_FAULTS = (STORE, OPERATOR, LEARNER, NEW_IMAGE, HEAD_DURING_UPLOAD)
 RUN_KEYS = "run-keys"
 
 
 @dataclass
 class BucketRun:
-    job: str
-    log: str
-    pulled: Path
+    run: FaultRun
     stored: list[str]  # the bucket's keys of the run, at its end
     refused: dict[str, str]  # uerl train's refusals at start, by what was wrong
+    planted: str  # LEFTOVER put in the head's staging: the exec's exit status and output
 
 
 def _ready_head_with(cp: ControlPlane, variable: str) -> bool:
@@ -844,9 +1324,10 @@ def bucket_run(
     node: Node,
     images: dict[str, str],
     project: PulumiProject,
-    supervised_run: SupervisedRun,  # the claim's scenarios first: the claim goes with this
+    supervised_run: FaultRun,  # the claim's scenarios first: the claim goes with this
     object_store: ObjectStore,
     figures: Figures,
+    fault_seed: int,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> BucketRun:
     cp, store = node_control_plane, object_store
@@ -882,94 +1363,98 @@ def bucket_run(
         done = cp.kubectl("exec", "-i", "-n", NAMESPACE, head_pod(cp), "-c", "ray-head", "--",
                           *command, input=given, check=False, timeout_s=guard(300))  # fmt: skip
         refused[what] = f"exit {done.returncode}: {done.stderr.strip()}"
-    made = subprocess.run(
-        [str(UERL), "submit", *kube, "--supervise", "--", "train", "--run-name", BUCKET_RUN,
-         "--iterations", str(BUCKET_ITERATIONS), *TRAIN_ARGS, "--checkpoint-every", "2"],
-        capture_output=True, text=True, timeout=guard(300),
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    job = made.stdout.strip()
+    schedule = make_schedule(fault_seed, BUCKET_FAULTS, first=(2, 3), gap=(1, 2), salt=BUCKET_RUN)
+    keep = json.loads(endpoints.read_text())["runs"]["keep_checkpoints"]
+    root = f"{BUCKET}/uerl-runs/{BUCKET_RUN}"
+    s3 = store.filesystem()
+    job = _submit_supervised(kube, BUCKET_RUN, BUCKET_ITERATIONS)
+    planted: list[str] = []
 
-    def last_iteration() -> int:
-        return max((p.iteration for p in progress(_supervisor_log(cp, job))), default=0)
+    def plant() -> None:  # once the run has written to its staging
+        planted.append(_plant_in_staging(cp, BUCKET_RUN))
 
-    cp.wait_until(
-        lambda: last_iteration() >= 3, guard(900), "iteration 3 in a bucket", interval_s=3
-    )
-    [learner] = [p["metadata"]["name"] for p in ray_pods(cp, "learners")]
-    cp.kubectl("delete", "pod", "-n", NAMESPACE, learner, "--wait=false")
-    cp.wait_until(
-        lambda: bool(progress(lines_after(_supervisor_log(cp, job), "uerl-bucket-2 ("))),
-        guard(900), "an iteration after the learner pod was lost", interval_s=3,
-    )  # fmt: skip
-    # e. The store gone for 30 s while the run trains: storing waits, training goes on.
-    before = last_iteration()
-    started = time.monotonic()
-    store.pause(30)
-    figures["bucket: iterations while the store was gone 30 s"] = last_iteration() - before
-    assert time.monotonic() - started >= 30
-    cp.wait_until(lambda: last_iteration() >= before + 3, guard(900),
-                  "iterations after the pause", interval_s=3)  # fmt: skip
-    # c. `pulumi up` with a new Ray image while it trains: KubeRay recreates every Ray pod
-    # (upgradeStrategy Recreate), the head with them. The same image under a new tag.
-    new_image = f"{images['ray']}-next"
-    node.ctr("-n", "k8s.io", "images", "tag", "--force", images["ray"], new_image)
-    upgraded = time.monotonic()
-    _config_up(project, "topology.ray.image", new_image)
-    cp.wait_until(
-        lambda: bool(progress(lines_after(_supervisor_log(cp, job), "uerl-bucket-3 ("))),
-        guard(900), "an iteration on the new image's pods", interval_s=3,
-    )  # fmt: skip
-    figures["bucket: pulumi up (new image) -> next iteration, s"] = round(
-        time.monotonic() - upgraded
-    )
-    images_now = {
-        c["image"] for p in ray_pods(cp) for c in p["spec"]["containers"] if c["name"] == "ray-head"
-    }
-    assert images_now == {new_image}, images_now
-
-    def finished() -> bool:
-        status = cp.kubectl("get", "job", "-n", NAMESPACE, job, "-o",
-                            "jsonpath={.status.succeeded}/{.status.failed}").stdout  # fmt: skip
-        return status.startswith("1/") or status.endswith("/1")
-
-    cp.wait_until(finished, guard(1200), f"the supervisor Job {job} to end", interval_s=3)
-    log = _supervisor_log(cp, job)
-    print(f"--- supervisor {job} ---\n{log[-8000:]}")
-    _checkpoint_figures(figures, "bucket", log)
+    with PortForward(cp, tmp_path_factory.mktemp("bucket-jobs"), 8265) as forward:
+        f = _watch(cp, "bucket", BUCKET_RUN, job, schedule, figures, forward, keep=keep,
+                   read_store=lambda: read_stored(s3, root), claim=False)  # fmt: skip
+        f.store, f.bucket_root, f.project, f.node, f.images = store, root, project, node, images
+        run = _through(f, BUCKET_ITERATIONS, plant)
+    _checkpoint_figures(figures, "bucket", run.log)
+    figures["bucket: pulumi up (new image) -> next iteration, s"] = run.over_s[
+        run.hit(NEW_IMAGE).index
+    ]
     got = subprocess.run([str(UERL), "runs", "pull", BUCKET_RUN, *kube, "--to", str(work)],
                          capture_output=True, text=True, timeout=guard(600),
                          env={**os.environ, **keys})  # fmt: skip
     assert got.returncode == 0, got.stderr
-    root = f"{BUCKET}/uerl-runs/{BUCKET_RUN}"
+    run.pulled = work / BUCKET_RUN
     infos = store.filesystem().get_file_info(fs.FileSelector(root, recursive=True))
     stored = sorted(i.path[len(root) + 1 :] for i in infos if i.type == fs.FileType.File)
-    return BucketRun(job, log, work / BUCKET_RUN, stored, refused)
+    return BucketRun(run, stored, refused, planted[0] if planted else "not planted")
 
 
-def test_a_bucket_run_carries_on_after_a_learner_pod_is_lost_and_an_up_with_a_new_image(
-    bucket_run: BucketRun,
-) -> None:
-    assert progress(bucket_run.log)[-1].iteration == BUCKET_ITERATIONS, bucket_run.log[-6000:]
-    reasons = [a["reason"] for a in attempts.read(bucket_run.pulled)]
-    # The learner lost fails the job; the new image's pods lose it with the head. (An
-    # attempt the cluster was not ready for would add a FAILED one: --wait-for-nodes.)
-    assert len(reasons) == 3, reasons
-    assert reasons[1].startswith("job uerl-bucket-1 FAILED"), reasons
-    assert reasons[2].startswith("the Ray head was lost"), reasons
+def test_a_bucket_run_ends_succeeded_through_its_fault_schedule(bucket_run: BucketRun) -> None:
+    run = bucket_run.run
+    assert run.end_problems == [], "\n".join(run.end_problems) + "\n" + run.log[-6000:]
+    assert progress(run.log)[-1].iteration == BUCKET_ITERATIONS, run.log[-6000:]
+    reasons = [a["reason"] for a in attempts.read(run.pulled)]
+    ending = [hit for hit in run.struck if hit.kind in ENDS_THE_ATTEMPT]
+    # One attempt more for each fault that ended one, and none else (an attempt the
+    # cluster was not ready for would add one: --wait-for-nodes). A learner lost fails
+    # the job; the new image's pods, and a deleted head, lose it with the head.
+    assert len(reasons) == 1 + len(ending), (reasons, run.schedule.describe())
+    for attempt, (hit, reason) in enumerate(zip(ending, reasons[1:], strict=True), 2):
+        said = "the Ray head was lost"
+        if hit.kind == LEARNER:
+            said = f"job uerl-{BUCKET_RUN}-{attempt - 1} FAILED"
+        assert reason.startswith(said), (hit.describe(), reason)
+    assert run.evidence["head images"] == run.hit(NEW_IMAGE).what
+
+
+def test_the_bucket_run_held_its_invariants_the_whole_time(bucket_run: BucketRun) -> None:
+    _assert_held_its_invariants(bucket_run.run)
 
 
 def test_the_bucket_holds_every_iteration_once_and_only_whole_checkpoints(
     bucket_run: BucketRun,
 ) -> None:
-    rows = (bucket_run.pulled / "metrics.csv").read_text().splitlines()[1:]
+    rows = (bucket_run.run.pulled / "metrics.csv").read_text().splitlines()[1:]
     assert [int(r.split(",")[0]) for r in rows] == list(range(1, BUCKET_ITERATIONS + 1))
     stored = bucket_run.stored
     names = {k.split("/")[1] for k in stored if k.startswith("checkpoints/checkpoint_")}
     assert names
     for name in names:
         assert f"checkpoints/{name}/uerl.json" in stored, name
-    assert not [k for k in stored if ".partial-" in k]
+    # A write in progress sat in the head's staging (planted, as a dead writer leaves
+    # one): the mirror never uploaded it.
+    assert bucket_run.planted.startswith("exit 0"), bucket_run.planted
+    assert not [k for k in stored if PARTIAL_PREFIX in k], stored
+
+
+def test_a_head_lost_while_an_upload_hangs_resumes_from_the_checkpoint_stored_whole(
+    bucket_run: BucketRun,
+) -> None:
+    run = bucket_run.run
+    hit = run.hit(HEAD_DURING_UPLOAD)
+    hanging, kept = run.evidence[HEAD_DURING_UPLOAD].split()
+    assert (iteration_of(hanging) or 0) > (iteration_of(kept) or 0) == hit.stored_before
+    ending = [h for h in run.struck if h.kind in ENDS_THE_ATTEMPT]
+    after = attempts.read(run.pulled)[ending.index(hit) + 1]
+    # The checkpoint whose upload hung never was whole in the bucket: the next attempt
+    # took the one stored before it, as `latest` named it.
+    assert (after["resumed_from"], after["iteration"]) == (kept, hit.stored_before), after
+
+
+def test_the_store_stopped_30_s_is_said_by_the_mirror_while_training_goes_on(
+    bucket_run: BucketRun,
+) -> None:
+    run = bucket_run.run
+    after = lines_after(run.log, run.evidence[STORE])
+    stopped = after.find(f"run storage: cannot store in s3://{BUCKET}/uerl-runs/{BUCKET_RUN} (")
+    assert stopped >= 0, after[:6000]
+    back = after.find("run storage: storing again after ", stopped)
+    assert back > stopped, after[:6000]
+    # Iterations between the two: training went on while nothing could be stored.
+    assert progress(after[stopped:back]), after[stopped:back]
 
 
 def test_a_wrong_bucket_and_wrong_keys_are_refused_at_start_naming_the_field(

@@ -455,8 +455,50 @@ def test_leftover_crds_fail_install_with_the_fix_and_adopt_takes_them_over(
         ]
     }
     assert "uerl" in managers, managers
+
+
+OTHER_TEAM = "other-team"  # a namespace of another team, with its own RayCluster
+OTHER_TEAMS_CLUSTER = {
+    "apiVersion": "ray.io/v1",
+    "kind": "RayCluster",
+    "metadata": {"name": "theirs", "namespace": OTHER_TEAM},
+    "spec": {
+        "headGroupSpec": {
+            "rayStartParams": {},
+            "template": {"spec": {"containers": [{"name": "ray-head", "image": "ray:theirs"}]}},
+        }
+    },
+}
+
+
+def test_destroy_in_adopt_mode_leaves_the_crds_and_another_teams_raycluster(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    """`adopt` is what uerl tells a user to set when the CRDs are already there: they are
+    the cluster's, and deleting them would delete every team's RayClusters with them."""
+    cp = bare_control_plane
+    cp.kubectl("create", "namespace", OTHER_TEAM)
+    cp.kubectl("create", "-f", "-", input=json.dumps(OTHER_TEAMS_CLUSTER))
+    theirs = ("raycluster", "-n", OTHER_TEAM, "theirs")
+    uid = cp.get_json(*theirs)["metadata"]["uid"]
+
+    def their_head() -> list[dict[str, Any]]:
+        return ray_pods(cp, "theirs", OTHER_TEAM)
+
+    cp.wait_until(lambda: bool(their_head()), guard(180), "the other team's head pod")
+    head_uids = uids(their_head())
+
     project.run("destroy", "--yes", stack="dev", during=operator_follows_chart(cp))
-    assert not {c["metadata"]["name"] for c in cp.get_json("crd")["items"]} & KUBERAY_CRD_NAMES
+
+    crds = {c["metadata"]["name"] for c in cp.get_json("crd")["items"]}
+    assert crds >= KUBERAY_CRD_NAMES, crds
+    still = cp.get_json(*theirs)["metadata"]
+    assert still["uid"] == uid and "deletionTimestamp" not in still, still
+    assert uids(their_head()) == head_uids
+    assert project.resources("dev") == []
+    # The next scenario starts from a cluster without KubeRay's CRDs.
+    cp.kubectl("delete", "namespace", OTHER_TEAM, "--wait=true", timeout_s=guard(180))
+    cp.kubectl("delete", "-f", str(KUBERAY_CRDS_DIR), "--wait=true", timeout_s=guard(180))
 
 
 def test_crds_another_pulumi_resource_manages_are_refused_with_the_hand_over(

@@ -12,7 +12,8 @@ events and logs) to `<--to>/<RUN>`, whole or not at all; `uerl export --checkpoi
 <--to>/<RUN>/checkpoints` and `uerl eval` take it from there, and TensorBoard reads its
 events. `list --dir` and `pack` read a directory on the machine they run on: the head
 runs them for `list` and `pull` of a claim (`pack` writes a tar to standard output).
-Bad input exits 2, a cluster or store it cannot use 1, each with one line.
+Bad input (a store's configuration included) exits 2, a cluster or store that does not
+answer 1, each with one line.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    from training.runstore.location import RunStorageError
+    from training.runstore.location import RunStorageError, RunStorageUnavailable
     from training.submit.submit_error import BAD_INPUT, SubmitError
 
     try:
@@ -104,10 +105,12 @@ def main(argv: Sequence[str]) -> int:
     except SubmitError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.exit_code
-    except RunStorageError as exc:
+    except RunStorageError as exc:  # the user's to mend: the field or argument is named
         print(f"{PROG}: {exc}", file=sys.stderr)
-        # A field or argument named first is the user's to mend; else the store failed.
-        return BAD_INPUT if str(exc).startswith(("--", "RUN ", "runs.", "endpoints")) else 1
+        return BAD_INPUT
+    except RunStorageUnavailable as exc:  # the store did not answer: try again
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=10,
         metavar="N",
-        help="with --supervise: attempts after the first before giving up (default 10)",
+        help="with --supervise: restarts in a row without a new checkpoint before giving up "
+        "(default 10)",
     )
     parser.add_argument(
         "--no-wait",

@@ -5,18 +5,32 @@ attempt's log in turn, with a line for every attempt and why it started.
 
     uerl supervise --address URL --run-name RUN [--max-restarts N] -- [train flags...]
 
-Exit status: 0 the run ended (SUCCEEDED, or STOPPED by a person), 1 restarts used up or
-no head for 30 minutes, 2 bad input (here, a job that failed on it, or the job API
-refusing the token in RAY_AUTH_TOKEN).
+Exit status: 0 the run ended (SUCCEEDED, or STOPPED by a person), 1 restarts used up
+(--max-restarts in a row that stored no new checkpoint) or no head for 30 minutes, 2 bad
+input (here, a job that failed on it, or the job API refusing the token in
+RAY_AUTH_TOKEN), 143 stopped by SIGTERM (its pod deleted; the
+attempt it followed goes on).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 PROG = "uerl supervise"
+TERMINATED = 128 + signal.SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM. Not an Exception: the supervisor's wait-and-retry would take it for a
+    head that does not answer."""
+
+
+def _terminate(_signum: int, _frame: FrameType | None) -> None:
+    raise Terminated
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=MAX_RESTARTS,
         metavar="N",
-        help=f"attempts after the first before giving up (default {MAX_RESTARTS})",
+        help="restarts in a row without a new checkpoint before giving up "
+        f"(default {MAX_RESTARTS})",
     )
     return parser
 
@@ -68,11 +83,26 @@ def main(argv: Sequence[str]) -> int:
     def log(line: str) -> None:
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
+    from training.submit.job_log import LogTail
+
     supervisor = Supervisor(
-        connect, args.run_name, train_args, log=log, max_restarts=args.max_restarts
+        connect,
+        args.run_name,
+        train_args,
+        log=log,
+        tail_logs=LogTail,
+        max_restarts=args.max_restarts,
     )
+    # Its pod deleted: as the container's first process it would ignore SIGTERM (no
+    # default action for PID 1) and go on beside the pod the Job makes in its place.
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return supervisor.run()
     except KeyboardInterrupt:
         log("interrupted; the current attempt goes on without a supervisor")
         return 130
+    except Terminated:
+        log("stopped (SIGTERM): the current attempt goes on; the Job's next pod follows it")
+        return TERMINATED
+    finally:
+        signal.signal(signal.SIGTERM, previous)

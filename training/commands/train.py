@@ -1,7 +1,8 @@
 """`uerl train`: train against a deployed topology's endpoints.
 
-Exit status: 0 done, 1 preflight/discovery/training failure, 2 bad input,
-130 stopped by Ctrl-C/SIGTERM (after a final checkpoint).
+Exit status: 0 done, 1 preflight/discovery/training failure or a run storage that did
+not answer or did not take the whole run (worth trying again), 2 bad input, 130 stopped
+by Ctrl-C/SIGTERM (after a final checkpoint).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from training.run import checkpoints
 from training.run.checkpoints import CheckpointError
 from training.run.options import TrainOptions, check_before_start
 from training.run.stop import StopRequest
+from training.runstore.location import RunStorageUnavailable
 from training.runstore.stored_run import StoredRun, open_stored_run
 
 PROG = "uerl train"
@@ -87,23 +89,41 @@ def main(argv: Sequence[str]) -> int:
             stored_run_dir=stored.run_dir if stored is not None else None,
         )
         check_before_start(options, num_learners=endpoints.num_learners)
+        if stored is not None:
+            stored.begin(resumed=options.resume is not None)
         _record_attempt(options)
     except (EndpointsError, HyperparameterError, CheckpointError, ValueError) as exc:
         if stored is not None:
             stored.close()
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except RunStorageUnavailable as exc:  # a store down past the wait: try again later
+        if stored is not None:
+            stored.close()
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     from training.run.outcome import train_and_report
 
     try:
         with StopRequest() as stop:
-            return train_and_report(
+            code = train_and_report(
                 endpoints,
                 options,
                 stop=stop,
                 prog=PROG,
                 store=stored.sync if stored is not None else None,
             )
-    finally:
-        if stored is not None and not stored.close():
-            print(f"{PROG}: the run is not all in {stored.where}", file=sys.stderr)
+    except BaseException:
+        if stored is not None:
+            stored.close()
+        raise
+    return ended(code, stored)
+
+
+def ended(code: int, stored: StoredRun | None) -> int:
+    """The exit status once the run is stored: a run its store did not take whole is no
+    success (1: the job FAILED, and a supervised run resumes from what is stored)."""
+    if stored is None or stored.close():
+        return code
+    print(f"{PROG}: the run is not all in {stored.where}", file=sys.stderr)
+    return 1 if code == 0 else code

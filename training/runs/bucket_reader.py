@@ -4,7 +4,8 @@ profile: pyarrow's S3 client reads them as every AWS client does)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,19 @@ from training.runstore.listing import (
     wanted,
 )
 from training.runstore.location import RunStorageError
-from training.runstore.s3_store import S3Location, explain
+from training.runstore.s3_store import S3Location, failure, latest_whole, local_targets
 
 CHUNK = 1 << 20
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 class BucketRuns:
-    def __init__(self, runs: RunStorage) -> None:
+    def __init__(self, runs: RunStorage, log: Callable[[str], None] = _say) -> None:
         self.location = S3Location.of(runs)
+        self.log = log  # what a pull has to say besides its progress
 
     @property
     def where(self) -> str:
@@ -71,18 +77,21 @@ class BucketRuns:
                     continue
                 runs.append(self._summary(s3, name))
         except OSError as exc:
-            raise RunStorageError(explain(exc, self.location)) from None
+            raise failure(exc, self.location) from None
         return sorted(runs, key=lambda run: (run.updated, run.name))
 
     def _summary(self, s3: Any, name: str) -> RunSummary:
-        latest = self._read(s3, name, CHECKPOINTS, LATEST) or None
+        named = self._read(s3, name, CHECKPOINTS, LATEST) or None
+        files = dict(self._files(s3, name))
+        # The checkpoint a pull takes (quietly: a pull says it).
+        latest = latest_whole(s3, self.location, name, named, files, lambda line: None)
         iteration = env_steps = None
         if latest is not None:
             meta = self._read(s3, name, CHECKPOINTS, latest, META)
             if meta is not None:
                 iteration, env_steps = read_checkpoint_meta(meta)
         updated, size = 0.0, 0
-        for _, info in self._files(s3, name):
+        for info in files.values():
             size += info.size or 0
             if info.mtime is not None:
                 updated = max(updated, info.mtime.timestamp())
@@ -90,16 +99,21 @@ class BucketRuns:
 
     def pull(self, name: str, into: Path, *, latest_only: bool, total: int | None) -> float:
         """Run `name` copied into the directory `into`; the seconds it took. The
-        pointer `checkpoints/latest` is read first and written last, as it was read."""
+        pointer `checkpoints/latest` is read first and written last: as it was read, or
+        naming the newest checkpoint the bucket holds whole if it does not hold that one
+        (said); a key that would land outside `into` refuses the pull."""
         progress = Progress(f"pulling {name}", total)
         try:
             s3 = self._fs()
-            latest = self._read(s3, name, CHECKPOINTS, LATEST) or None
+            named = self._read(s3, name, CHECKPOINTS, LATEST) or None
+            files = dict(self._files(s3, name))
+            latest = latest_whole(s3, self.location, name, named, files, self.log)
+            targets = local_targets(self.location, name, files, into)
             pointer = f"{CHECKPOINTS}/{LATEST}"
-            for relative, _ in self._files(s3, name):
+            for relative in files:
                 if relative == pointer or not wanted(relative, latest, latest_only=latest_only):
                     continue
-                target = into / relative
+                target = targets[relative]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     key = self.location.key(name, relative)
@@ -112,7 +126,7 @@ class BucketRuns:
         except OSError as exc:
             if exc.errno is not None:  # this machine's disk (full, not writable), not the store
                 raise RunStorageError(f"--to: {exc}") from None
-            raise RunStorageError(explain(exc, self.location)) from None
+            raise failure(exc, self.location) from None
         if latest is not None:
             (into / pointer).write_text(latest)
         return progress.finish()

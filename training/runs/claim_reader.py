@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from infra.endpoints import Endpoints
 from training.runs.transfer import Progress, extract_run
 from training.runstore.listing import RunSummary
-from training.runstore.location import RunStorageError
+from training.runstore.location import RunStorageError, RunStorageUnavailable
 from training.submit.head import API_TIMEOUT_S, HeadFinder, api_failure, kube_pod_lister
 from training.submit.submit_error import CLUSTER_UNUSABLE, SubmitError
 
@@ -152,7 +152,7 @@ class ClaimRuns:
             extract_run(iter(chunks.get, None), name, into, progress)
         except BaseException as exc:
             unpacking.clear()  # the receiver drops the rest (a full disk, Ctrl-C, ...)
-            if isinstance(exc, (tarfile.TarError, RunStorageError)):
+            if isinstance(exc, (tarfile.TarError, RunStorageError, RunStorageUnavailable)):
                 # A stream cut short: the exec's own failure says why.
                 receiver.join()
                 self._raise_if_failed(ended[0], f"pulling run {name!r}")
@@ -192,7 +192,10 @@ class ClaimRuns:
                 CLUSTER_UNUSABLE,
             )
         reason = said[-1] if said else f"exit status {result.code}"
-        raise RunStorageError(f"{doing} on the Ray head pod {self.head.current}: {reason}")
+        message = f"{doing} on the Ray head pod {self.head.current}: {reason}"
+        if result.code == 2:  # the command there refused its input (`uerl runs` exits 2)
+            raise RunStorageError(message)
+        raise RunStorageUnavailable(message)
 
 
 def kube_exec(api_client: Any, namespace: str) -> Exec:

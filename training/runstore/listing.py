@@ -15,7 +15,7 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -25,6 +25,7 @@ from training.runstore.atomic import PARTIAL_PREFIX
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 META = "uerl.json"  # training.run.checkpoints.META
+LEASE = "lease.json"  # the run's writer (training.runstore.lease), not a file of the run
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,8 @@ def hidden(relative: str) -> bool:
 
 def wanted(relative: str, latest: str | None, *, latest_only: bool) -> bool:
     """Whether a pull takes the run's file at `relative` (a POSIX path in the run):
-    never a partial write; with `latest_only`, no checkpoint but the latest."""
-    if hidden(relative):
+    never a partial write or the lease; with `latest_only`, no checkpoint but the latest."""
+    if hidden(relative) or relative == LEASE:
         return False
     if not latest_only or not relative.startswith(f"{CHECKPOINTS}/"):
         return True
@@ -70,6 +71,44 @@ def read_checkpoint_meta(text: str) -> tuple[int | None, int | None]:
         return int(meta["iteration"]), int(meta["env_steps_total"])
     except (ValueError, KeyError, TypeError):
         return None, None
+
+
+def within(run_dir: Path, relative: str) -> Path | None:
+    """Where the run's file at `relative` (a store's key, below the run) goes under
+    `run_dir`; None when that is not inside it (`..`, a `//` key's absolute rest, the
+    run itself): a store's keys are not trusted to stay in the run, as tarfile's `data`
+    filter does not trust an archive's names."""
+    if not relative or relative.startswith("/"):
+        return None
+    base = os.path.realpath(run_dir)
+    target = os.path.realpath(os.path.join(base, relative))
+    if target == base or os.path.commonpath([base, target]) != base:
+        return None
+    return run_dir / relative
+
+
+def whole_checkpoint(
+    named: str | None, relatives: Collection[str], read: Callable[[str], str | None]
+) -> str | None:
+    """The checkpoint a reader of a bucket takes: the one `latest` names (`named`) when
+    the bucket holds it whole, else the newest it holds whole; None if none. Whole: its
+    META, stored after its other files, is there and reads (`read(relative)` gives a
+    stored file's text, None if absent)."""
+
+    def whole(name: str) -> bool:
+        relative = f"{CHECKPOINTS}/{name}/{META}"
+        text = read(relative) if relative in relatives else None
+        return text is not None and read_checkpoint_meta(text)[0] is not None
+
+    if named is not None and whole(named):
+        return named
+    stored = {
+        relative.split("/")[1]
+        for relative in relatives
+        if relative.startswith(f"{CHECKPOINTS}/") and relative.endswith(f"/{META}")
+    }
+    # Newest first: checkpoint_<iteration, six digits> sorts by iteration.
+    return next((name for name in sorted(stored, reverse=True) if whole(name)), None)
 
 
 def _files(run_dir: Path) -> Iterator[tuple[str, os.stat_result]]:

@@ -18,10 +18,22 @@ RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # default models is a few MB, and a full volume mid-run would cost the run its progress.
 MIN_FREE_BYTES = 64 * 2**20
 FIELD = "endpoints runs.uri (topology runs)"
+# How long a run's start waits for a store that does not answer (a 503, an endpoint
+# down, a volume not responding) before it gives up with exit status 1, which
+# `uerl supervise` retries: a moment's outage is not bad input.
+STORE_WAIT_S = 60.0
+STORE_RETRY_S = 5.0
 
 
 class RunStorageError(ValueError):
-    """The run storage cannot take a run; the message names the field at fault."""
+    """The run storage cannot take a run as configured (exit status 2: it would fail
+    again); the message names the field or argument at fault."""
+
+
+class RunStorageUnavailable(Exception):
+    """The run storage did not answer (exit status 1: worth trying again); the message
+    names the field that says where it is. Not a RunStorageError: callers tell them
+    apart by type."""
 
 
 def check_run_name(name: str) -> str:
@@ -44,7 +56,10 @@ def check_room(root: Path) -> None:
             f"{FIELD}: {root} is not mounted here (no such directory): is this the Ray head "
             "of the stack? Elsewhere pass --run-dir"
         )
-    free = shutil.disk_usage(root).free
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError as exc:  # mounted, but the volume does not answer (EIO, a lost NFS server)
+        raise RunStorageUnavailable(f"{FIELD}: {root} does not answer: {exc}") from None
     if free < MIN_FREE_BYTES:
         raise RunStorageError(
             f"{FIELD}: {root} has {free / 2**20:.1f} MiB free, under the "

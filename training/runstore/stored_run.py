@@ -1,19 +1,46 @@
 """Opening a run in the stack's run storage (endpoints `runs`) before it starts: checked
-(there, writable, room or a bucket that takes the credentials), and, to resume from a
-bucket, brought back to this machine first."""
+(there, writable, room or a bucket that takes the credentials), leased to this writer
+(training.runstore.lease), and, to resume from a bucket, brought back to this machine
+first; while it goes on, old checkpoints deleted (training.runstore.retention) and low
+space said."""
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.endpoints import Endpoints
-from training.runstore.location import FIELD, RunStorageError, check_room
-from training.runstore.s3_store import Mirror, S3Location, check, restore
+from training.runstore import atomic, retention
+from training.runstore.lease import FILE as LEASE
+from training.runstore.lease import FileLease, Lease, ObjectLease
+from training.runstore.listing import CHECKPOINTS, hidden
+from training.runstore.location import (
+    FIELD,
+    RunStorageError,
+    RunStorageUnavailable,
+    check_room,
+)
+from training.runstore.s3_store import (
+    Mirror,
+    S3Location,
+    check,
+    failure,
+    patiently,
+    restore,
+    stored_checkpoints,
+    stored_files,
+)
 
 Log = Callable[[str], None]
+# A run's volume with less free than this (or than this fraction of it) runs low.
+LOW_FREE_BYTES = 1 * 2**30
+LOW_FREE_FRACTION = 0.1
+# TensorBoard's event files, which the run writes beside metrics.csv.
+TENSORBOARD_EVENTS = "events.out.tfevents.*"
 
 
 @dataclass
@@ -23,14 +50,65 @@ class StoredRun:
     run_dir: Path
     where: str  # the run's place in the storage, as the user names it
     mirror: Mirror | None = None
+    lease: Lease | None = None  # this writer's, while the run goes on
+    keep_checkpoints: int | None = None  # endpoints runs.keep_checkpoints; None: all
+    log: Log = print
+    _running_low: bool = field(default=False, init=False, repr=False)  # said already
 
     def sync(self) -> None:
-        """Store what changed (a bucket: in the background; a volume: it is there)."""
+        """After each iteration: checkpoints past retention deleted (here, and from a
+        bucket by the mirror), the room left checked, and what changed stored (a bucket:
+        in the background; a volume: it is there)."""
+        if self.keep_checkpoints is not None:
+            stored = self.mirror.stored_checkpoints() if self.mirror is not None else set()
+            removed = retention.prune(self.run_dir, self.keep_checkpoints, stored)
+            if self.mirror is not None and removed:
+                self.mirror.remove(removed)
+        self._check_room()
         if self.mirror is not None:
             self.mirror.sync()
 
+    def _check_room(self) -> None:
+        """Says when the volume the run is written to runs low (once, until it has room
+        again): a full one ends the run, and its next attempt would not start."""
+        try:
+            usage = shutil.disk_usage(self.run_dir)
+        except OSError:
+            return  # not made yet, or a volume not answering: the next write says so
+        low = usage.free < max(LOW_FREE_BYTES, LOW_FREE_FRACTION * usage.total)
+        if low and not self._running_low:
+            keep = self.keep_checkpoints if self.keep_checkpoints is not None else "all"
+            self.log(
+                f"run storage: {self.run_dir} has {usage.free / 2**20:.0f} MiB free of "
+                f"{usage.total / 2**30:.1f} GiB: free space, keep fewer checkpoints "
+                f"(runs.keep_checkpoints, now {keep}) or give the volume more, before it "
+                "is full and the run stops"
+            )
+        self._running_low = low
+
     def close(self) -> bool:
-        return self.mirror.close() if self.mirror is not None else True
+        """The run's end: its last files stored, its lease released. True when the store
+        holds the whole run, written by this writer alone."""
+        stored = self.mirror.close() if self.mirror is not None else True
+        if self.lease is not None:
+            self.lease.release()
+            stored = stored and self.lease.lost is None
+        return stored
+
+    def begin(self, *, resumed: bool) -> None:
+        """Before the run's first iteration. Not resumed from a checkpoint, it plots its
+        steps from the first again: an earlier attempt's curves (a head lost before the
+        first checkpoint) are hidden by a purge from step 1, as a resumed run's writer
+        hides those past its checkpoint."""
+        if not resumed and any(self.run_dir.glob(TENSORBOARD_EVENTS)):
+            from tensorboardX import SummaryWriter
+
+            # Named as the driver's writer names its files (the second, the host, then
+            # this suffix), so TensorBoard reads it after the earlier attempt's and
+            # before this one's.
+            SummaryWriter(
+                logdir=str(self.run_dir), purge_step=1, filename_suffix=f".{time.time_ns()}"
+            ).close()
 
 
 def staging_root() -> Path:
@@ -41,22 +119,86 @@ def staging_root() -> Path:
 def open_stored_run(
     endpoints: Endpoints, run_name: str, *, resume: str | None, log: Log
 ) -> StoredRun:
-    """The run `run_name` in the endpoints' run storage, checked; a RunStorageError
-    naming the field at fault when it cannot take the run. `resume` (--resume): from a
-    bucket, the stored run is brought back first (`auto`: if there is one)."""
+    """The run `run_name` in the endpoints' run storage, checked and leased to this
+    writer; a RunStorageError naming the field at fault when it cannot take the run
+    (a new run, `resume` None, under a name a stored run has: refused), and
+    RunStorageUnavailable when the store does not answer or another writer holds the
+    run. `resume` (--resume): from a bucket, the stored run is brought back first
+    (`auto`: if there is one)."""
     runs = endpoints.runs
     if runs is None:
         raise RunStorageError(f"{FIELD}: these endpoints name no run storage")
     if runs.uri.startswith("file://"):
         root = Path(runs.uri.removeprefix("file://"))
         check_room(root)
-        return StoredRun(root / run_name, str(root / run_name))
-    location = S3Location.of(runs)
-    check(location, run_name)
-    local = staging_root() / run_name
-    if resume is not None and not restore(location, run_name, local, log) and resume != "auto":
-        raise RunStorageError(
-            f"--resume: {location.uri(run_name)} holds no checkpoint (no "
-            "checkpoints/latest); give the --run-name of a stored run"
+        run_dir = root / run_name
+        if resume is None and _holds_a_run(run_dir):
+            _refuse_used_name(run_name, str(run_dir))
+        lease = Lease(FileLease(run_dir), f"--run-name {run_name}", log)
+        _take(lease, run_dir, resume=resume)
+        return StoredRun(
+            run_dir, str(run_dir), lease=lease, keep_checkpoints=runs.keep_checkpoints, log=log
         )
-    return StoredRun(local, location.uri(run_name), Mirror(location, run_name, local, log))
+    location = S3Location.of(runs)
+    check(location, run_name, log)
+    s3 = location.filesystem()
+    try:
+        stored = patiently(
+            location, "reading the run", lambda: stored_files(s3, location, run_name), log, None
+        )
+    except OSError as exc:
+        raise failure(exc, location) from None
+    if resume is None and set(stored) - {LEASE}:
+        _refuse_used_name(run_name, location.uri(run_name))
+    local = staging_root() / run_name
+    lease = Lease(ObjectLease(s3, location.key(run_name, LEASE)), f"--run-name {run_name}", log)
+    _take(lease, local, resume=resume)
+    try:
+        restored = resume is not None and restore(location, run_name, local, log)
+        if resume not in (None, "auto") and not restored:
+            raise RunStorageError(
+                f"--resume: {location.uri(run_name)} holds no checkpoint (no "
+                "checkpoints/latest); give the --run-name of a stored run"
+            )
+    except BaseException:
+        lease.release()
+        raise
+    # What an earlier attempt stored: retention goes on from there.
+    mirror = Mirror(location, run_name, local, log, stored_checkpoints=stored_checkpoints(stored))
+    return StoredRun(
+        local,
+        location.uri(run_name),
+        mirror,
+        lease=lease,
+        keep_checkpoints=runs.keep_checkpoints,
+        log=log,
+    )
+
+
+def _holds_a_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds what a run wrote (not only a lease or a partial write)."""
+    if not run_dir.is_dir():
+        return False
+    return any(
+        path.is_file() and not hidden(rel) and rel != LEASE
+        for path in run_dir.rglob("*")
+        for rel in [path.relative_to(run_dir).as_posix()]
+    )
+
+
+def _refuse_used_name(run_name: str, where: str) -> None:
+    raise RunStorageError(
+        f"--run-name {run_name}: {where} holds a run already; --resume auto continues it "
+        "(one writer at a time), or give the new run another --run-name"
+    )
+
+
+def _take(lease: Lease, run_dir: Path, *, resume: str | None) -> None:
+    """The run's lease, then what dead writers left half written (none is left now)."""
+    try:
+        lease.take(wait=resume is not None)
+    except OSError as exc:  # the store, reached a moment ago, went away
+        raise RunStorageUnavailable(f"{FIELD}: taking the run's lease: {exc}") from None
+    for directory in (run_dir, run_dir / CHECKPOINTS):
+        atomic.remove_leftovers(directory, every_writer=True)
+    lease.keep_renewed()

@@ -14,12 +14,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any, Protocol, TextIO
 
 from infra.topology import JOB_STOP_GRACE_S
 from training.ray_auth import token_client
+from training.submit.job_log import LogTail
 from training.submit.submit_error import BAD_INPUT, CLUSTER_UNUSABLE, SubmitError
 
 # A job's terminal status -> `uerl submit`'s exit status (130: stopped, as after Ctrl-C).
@@ -42,6 +43,7 @@ class JobClient(Protocol):
     def submit_job(self, *, entrypoint: str, submission_id: str | None = None) -> str: ...
     def get_job_status(self, job_id: str) -> Any: ...
     def get_job_logs(self, job_id: str) -> str: ...
+    def tail_job_logs(self, job_id: str) -> AsyncIterator[str]: ...
     def get_job_info(self, job_id: str) -> Any: ...
     def stop_job(self, job_id: str) -> bool: ...
 
@@ -105,6 +107,13 @@ def connect_client(
                     CLUSTER_UNUSABLE,
                 ) from None
             time.sleep(1.0)
+
+
+def job_gone(exc: BaseException) -> bool:
+    """The job API answered that it has no such job: a head keeps its jobs in memory, so
+    one that answers so about the job just submitted is a new head (the old one replaced)."""
+    text = str(exc)
+    return "status code 404" in text or "does not exist" in text
 
 
 def refused(exc: BaseException, token: str | None, token_source: str) -> str:
@@ -210,7 +219,6 @@ class Follower:
         self.stop_wait_s = stop_wait_s
         self.clock = clock
         self.sleep = sleep
-        self.printed = 0  # characters of the log printed so far
         self.stop_asked_at: float | None = None
         self.stop_sent = False
 
@@ -226,11 +234,9 @@ class Follower:
             )
             return INTERRUPTED
 
-    def _print_new(self, logs: str) -> None:
-        if len(logs) > self.printed:
-            self.out.write(logs[self.printed :])
-            self.out.flush()
-            self.printed = len(logs)
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
 
     def _send_stop(self) -> None:
         if self.stop_asked_at is None:  # the wait for the job to stop counts from here
@@ -246,15 +252,30 @@ class Follower:
         )
 
     def _loop(self, ctrl_c: CtrlC) -> int:
+        # The log streams beside the polls of the status (each part fetched once).
+        tail = LogTail(lambda: self.client, self.job_id, self._write)
+        try:
+            return self._polls(ctrl_c, tail)
+        finally:
+            tail.stop()
+
+    def _polls(self, ctrl_c: CtrlC, tail: LogTail) -> int:
         last_answer = self.clock()
         while True:
             if ctrl_c.requested and not self.stop_sent:
                 self._send_stop()
             try:
-                # The status first: once it is terminal, the log read after it is whole.
                 status = _status(self.client.get_job_status(self.job_id))
-                logs = self.client.get_job_logs(self.job_id)
             except Exception as exc:  # the port-forward or the API; retried, bounded
+                if job_gone(exc):  # an answer, not its absence: waiting brings nothing
+                    self._say(
+                        f"job {self.job_id} is gone: the Ray head ({self.head()}) was replaced, "
+                        "and a new head has none of the old one's jobs. Submit the training "
+                        "again with `--resume auto` and the same --run-name to go on from its "
+                        "last stored checkpoint, or with --supervise to have that done "
+                        "whenever the head is lost"
+                    )
+                    return CLUSTER_UNUSABLE
                 if self.clock() - last_answer > self.no_answer_s:
                     self._say(
                         f"no answer about job {self.job_id} from the Ray head ({self.head()}) "
@@ -265,8 +286,11 @@ class Follower:
                 self.sleep(self.poll_s)
                 continue
             last_answer = self.clock()
-            self._print_new(logs)
             if status in EXIT_STATUS:
+                # Once the status is terminal, the log read after it is whole. Best effort:
+                # without it the log printed lacks its end, the status is still said.
+                with contextlib.suppress(Exception):
+                    tail.finish()
                 return self._ended(status, ctrl_c)
             if self.stop_asked_at is not None and (
                 self.clock() - self.stop_asked_at > self.stop_wait_s

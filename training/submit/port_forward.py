@@ -211,12 +211,14 @@ class HeadConnection:
 def pod_port_opener(api_client: Any, namespace: str, port: int) -> Callable[[str], Stream]:
     """`open_port(pod)`: a stream to `port` of the pod, through the API server's
     port-forward (a websocket; `kubernetes.stream.portforward`)."""
-    from kubernetes.client import CoreV1Api
+    from kubernetes.client import ApiClient, CoreV1Api
     from kubernetes.stream import portforward
 
-    core = CoreV1Api(api_client)
-
     def open_port(pod: str) -> Stream:
+        # kubernetes.stream swaps its client's `request` for the websocket's while one
+        # opens: a client of its own, or a call another thread makes on the shared one
+        # then (the head's lookup, the log's stream, a status poll) goes to the swap.
+        core = CoreV1Api(ApiClient(api_client.configuration))
         try:
             forward = portforward(
                 core.connect_get_namespaced_pod_portforward, pod, namespace, ports=str(port)

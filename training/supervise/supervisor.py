@@ -10,9 +10,15 @@ from the run's last stored checkpoint:
 - the job FAILED (a learner pod lost kills the driver's learner actor, a crash).
 It ends with the run: SUCCEEDED (0), STOPPED by a person (0: not resubmitted), a job
 that failed on bad input (exit code 2: it would fail again; 2), a job API refusing the
-supervisor's token (2), or restarts used up (1).
+supervisor's token (2), or restarts used up (1: max_restarts attempts in a row that
+stored no new checkpoint).
 Each attempt tells the run why it started (UERL_ATTEMPT, UERL_ATTEMPT_REASON), which
 `uerl train` records in the run's `attempts.jsonl`.
+A supervisor started again (its pod replaced) waits for the head, then follows the run's
+running attempt; on a head with no job of the run (lost with the supervisor) it numbers
+the next attempt from that stored record (training.supervise.record, a short job on the
+head). A submission whose answer was lost, tried again, is refused by Ray as existing:
+that job is followed.
 
 The job client is injected (the calls of Ray's JobSubmissionClient used here), so the
 loop is tested against a fake head that loses its jobs.
@@ -25,14 +31,17 @@ import re
 import shlex
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from training.ray_auth.token_client import is_refusal
 from training.runstore.attempts import ATTEMPT_VARIABLE, REASON_VARIABLE
+from training.supervise import record
 
 RUN_METADATA = "uerl_run"  # the job metadata naming the run an attempt belongs to
+RECORD_METADATA = "uerl_record_of"  # ... and the run a job reading its record is for
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 BAD_INPUT = 2
 POLL_S = 5.0
@@ -42,6 +51,9 @@ HEAD_WAIT_S = 1800.0
 RESTART_DELAY_S = 10.0
 CALL_TIMEOUT_S = 60.0
 MAX_RESTARTS = 10
+# Reading the stored record of attempts (a short job on the head): tries, 20 s apart.
+RECORD_TRIES = 3
+RECORD_RETRY_S = 20.0
 NODES_WAIT_S = 600
 
 
@@ -56,6 +68,26 @@ class SuperviseClient(Protocol):
 
 
 Log = Callable[[str], None]
+
+
+class JobLog(Protocol):
+    """A job's log passed on as it grows, each part fetched once (training.submit.job_log
+    .LogTail: injected, as the two packages import nothing of each other)."""
+
+    def stop(self) -> None: ...
+    def finish(self, logs: Callable[[], Any] | None = None) -> None: ...
+
+
+# (the job client, made again after a lost head; the job; where its log goes) -> its log
+TailLogs = Callable[[Callable[[], Any], str, Callable[[str], None]], JobLog]
+
+
+class GiveUp(Exception):
+    """No head for head_wait_s while starting: `run` ends on it (1)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.why)
+        self.outcome = outcome
 
 
 class TokenRefused(BaseException):
@@ -74,6 +106,34 @@ def job_gone(exc: BaseException) -> bool:
     return "does not exist" in text or "status code 404" in text
 
 
+def already_exists(exc: BaseException) -> bool:
+    """The job API refused a submission id it has (Ray's job manager: "Job with
+    submission_id ... already exists"): a submit whose answer was lost made it."""
+    return "already exists" in str(exc)
+
+
+# What `uerl train` prints each time it stores a checkpoint (training.run.driver's
+# `checkpoint_000004 written: 3.1 MiB in ...`): an attempt that printed it moved the run on.
+CHECKPOINT_LINE = re.compile(r"^checkpoint_\d+ written: ", re.MULTILINE)
+
+
+def stored_a_checkpoint(log_text: str) -> bool:
+    """Does this part of an attempt's log (whole lines) say a checkpoint was stored?"""
+    return CHECKPOINT_LINE.search(log_text) is not None
+
+
+class _CheckpointLines:
+    """Whether a log passed on in parts said a checkpoint was stored."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._partial = ""  # whole lines only: a line the stream split is read once whole
+
+    def read(self, text: str) -> None:
+        lines, _, self._partial = (self._partial + text).rpartition("\n")
+        self.seen = self.seen or stored_a_checkpoint(lines)
+
+
 def exit_code(message: str) -> int | None:
     """The entrypoint's exit code in a FAILED job's message, if it says one."""
     found = re.search(r"exit code (-?\d+)", message)
@@ -84,6 +144,7 @@ def exit_code(message: str) -> int | None:
 class Outcome:
     status: str  # SUCCEEDED, STOPPED, FAILED, LOST (the head lost the job), GONE (no head)
     why: str
+    progressed: bool = False  # the attempt stored a new checkpoint
 
 
 class Supervisor:
@@ -94,6 +155,7 @@ class Supervisor:
         train_args: Sequence[str],
         *,
         log: Log,
+        tail_logs: TailLogs,
         max_restarts: int = MAX_RESTARTS,
         poll_s: float = POLL_S,
         head_wait_s: float = HEAD_WAIT_S,
@@ -108,6 +170,7 @@ class Supervisor:
         self.run_name = run_name
         self.train_args = list(train_args)
         self.log = log
+        self.tail_logs = tail_logs
         self.out = out or (lambda text: print(text, end="", flush=True))
         self.max_restarts = max_restarts
         self.poll_s = poll_s
@@ -155,33 +218,56 @@ class Supervisor:
         return f"uerl-{self.run_name}-{attempt}"
 
     def entrypoint(self) -> str:
-        # On a new head the workers rejoin within a minute or two: the attempt waits for
-        # them rather than failing (the user's own flags, after, may say otherwise).
-        return shlex.join(
+        # A failed attempt's traceback is set aside first (`;`: the attempt trains
+        # whether or not that worked). On a new head the workers rejoin within a minute
+        # or two: the attempt waits for them rather than failing (the user's own flags,
+        # after, may say otherwise).
+        set_aside = shlex.join(
+            ["python", "-m", record.MODULE, self.run_name, "--set-aside-traceback"]
+        )
+        train = shlex.join(
             ["uerl", "train", "--run-name", self.run_name, "--resume", "auto",
              "--wait-for-nodes", str(NODES_WAIT_S), *self.train_args]
         )  # fmt: skip
+        return f"{set_aside}; {train}"
 
     def _submit(self, attempt: int, reason: str) -> str:
         job_id = self.job_id(attempt)
         self.log(f"attempt {attempt} of run {self.run_name}: submitting job {job_id} ({reason})")
-        self._call(
-            lambda api: api.submit_job(
-                entrypoint=self.entrypoint(),
-                submission_id=job_id,
-                metadata={RUN_METADATA: self.run_name, "attempt": str(attempt)},
-                runtime_env={"env_vars": {ATTEMPT_VARIABLE: str(attempt), REASON_VARIABLE: reason}},
+        try:
+            self._call(
+                lambda api: api.submit_job(
+                    entrypoint=self.entrypoint(),
+                    submission_id=job_id,
+                    metadata={RUN_METADATA: self.run_name, "attempt": str(attempt)},
+                    runtime_env={
+                        "env_vars": {ATTEMPT_VARIABLE: str(attempt), REASON_VARIABLE: reason}
+                    },
+                )
             )
-        )
+        except Exception as exc:
+            if not already_exists(exc):
+                raise
+            # Made by an earlier try whose answer was lost: Ray refuses the id again.
+            self.log(f"job {job_id} already exists; following it")
         return job_id
+
+    def _until_answered(self, call: Callable[[SuperviseClient], Any], what: str) -> Any:
+        """`call`'s answer, waiting for the head as long as head_wait_s; GiveUp after."""
+        while True:
+            try:
+                return self._call(call)
+            except Exception as exc:
+                outcome = self._wait_for_head(f"{what}: {exc}")
+                if outcome is not None:
+                    raise GiveUp(outcome) from None
 
     def _last_attempt(self) -> tuple[int, str | None]:
         """The newest attempt the head knows of this run, and its status (None: none):
-        a supervisor started again (its pod replaced) carries on from there."""
-        try:
-            jobs = self._call(lambda api: api.list_jobs())
-        except Exception:
-            return 0, None
+        a supervisor started again (its pod replaced) carries on from there. A head
+        that does not answer is waited for: taken for one with no jobs, it would be
+        given the attempt it runs again."""
+        jobs = self._until_answered(lambda api: api.list_jobs(), "listing the Ray head's jobs")
         newest, status = 0, None
         for job in jobs:
             if (getattr(job, "metadata", None) or {}).get(RUN_METADATA) != self.run_name:
@@ -191,9 +277,48 @@ class Supervisor:
                 newest, status = int(found.group(1)), _status(job.status)
         return newest, status
 
+    def _stored_attempt(self) -> int | None:
+        """The newest attempt in the run's stored record, read by a short job on the head
+        (training.supervise.record); None when that job could not say, RECORD_TRIES
+        times (a store down for a moment fails one: numbering the attempts from 1 again
+        would write a number twice)."""
+        tries = 0
+        while True:
+            job_id = f"uerl-{self.run_name}-record-{uuid.uuid4().hex[:8]}"
+
+            def submit(api: SuperviseClient, job_id: str = job_id) -> None:
+                try:
+                    api.submit_job(
+                        entrypoint=shlex.join(["python", "-m", record.MODULE, self.run_name]),
+                        submission_id=job_id,
+                        metadata={RECORD_METADATA: self.run_name},
+                    )
+                except Exception as exc:
+                    if not already_exists(exc):  # made by a try whose answer was lost
+                        raise
+
+            self._until_answered(submit, "reading the run's record")
+            outcome = self._follow(job_id, out=lambda text: None)
+            if outcome.status == "GONE":
+                raise GiveUp(outcome)
+            if outcome.status == "LOST":  # the head lost meanwhile: read again on the next
+                continue
+            tries += 1
+            if outcome.status == "SUCCEEDED" or tries >= RECORD_TRIES:
+                break
+            self.log(f"the run's record could not be read (job {job_id} {outcome.why}); again")
+            self.sleep(RECORD_RETRY_S)
+        if outcome.status == "SUCCEEDED":
+            with contextlib.suppress(Exception):
+                return record.parse(self._call(lambda api: api.get_job_logs(job_id)))
+        self.log(f"the run's record could not be read (job {job_id} {outcome.why})")
+        return None
+
     def run(self) -> int:
         try:
             return self._run()
+        except GiveUp as exc:
+            return self._give_up(exc.outcome)
         except TokenRefused as exc:
             self.log(
                 f"run {self.run_name}: the Ray head's job API refused this supervisor's "
@@ -203,6 +328,8 @@ class Supervisor:
 
     def _run(self) -> int:
         attempt, status = self._last_attempt()
+        # Attempts in a row that stored no checkpoint: a long run whose head is replaced
+        # now and then never runs out, a run that cannot get anywhere soon does.
         restarts = 0
         reason = "the run starts"
         job_id: str | None = None
@@ -214,6 +341,16 @@ class Supervisor:
             return 0
         elif status == "FAILED":
             reason = f"attempt {attempt} (job {self.job_id(attempt)}) had FAILED"
+        else:
+            # A new head, or a new run: the stored record numbers the attempts, so a run
+            # whose head and supervisor were lost together goes on counting.
+            stored = self._stored_attempt()
+            if stored:
+                attempt = stored
+                reason = (
+                    f"the Ray head has no job of the run (a new head): attempt {stored} "
+                    "was lost with it"
+                )
         while True:
             if job_id is None:
                 attempt += 1
@@ -234,11 +371,11 @@ class Supervisor:
             if outcome.status == "FAILED" and exit_code(outcome.why) == BAD_INPUT:
                 self.log(f"run {self.run_name}: job {job_id} failed on bad input: {outcome.why}")
                 return BAD_INPUT
-            restarts += 1
+            restarts = 0 if outcome.progressed else restarts + 1
             if restarts > self.max_restarts:
                 self.log(
-                    f"run {self.run_name}: {outcome.why}; {self.max_restarts} restarts used, "
-                    "giving up"
+                    f"run {self.run_name}: {outcome.why}; {self.max_restarts} restarts in a row "
+                    "without a new checkpoint, giving up"
                 )
                 return 1
             reason = outcome.why
@@ -266,13 +403,26 @@ class Supervisor:
     def _no_head(self) -> str:
         return f"the Ray head's job API did not answer for {self.head_wait_s:.0f} s"
 
-    def _follow(self, job_id: str) -> Outcome:
-        printed = 0
+    def _follow(self, job_id: str, out: Callable[[str], None] | None = None) -> Outcome:
+        shown, checkpoints = out or self.out, _CheckpointLines()
+
+        def passed(text: str) -> None:
+            shown(text)
+            checkpoints.read(text)
+
+        # The log streams beside the polls of the status (each part fetched once).
+        tail = self.tail_logs(self._api, job_id, passed)
+        try:
+            outcome = self._poll(job_id, tail)
+        finally:
+            tail.stop()
+        return Outcome(outcome.status, outcome.why, checkpoints.seen)
+
+    def _poll(self, job_id: str, tail: JobLog) -> Outcome:
         unreachable_since: float | None = None
         while True:
             try:
                 status = _status(self._call(lambda api: api.get_job_status(job_id)))
-                logs = self._call(lambda api: api.get_job_logs(job_id))
             except Exception as exc:
                 if job_gone(exc):
                     away = (
@@ -294,10 +444,11 @@ class Supervisor:
                     f"{self.clock() - unreachable_since:.0f} s"
                 )
                 unreachable_since = None
-            if len(logs) > printed:
-                self.out(logs[printed:])
-                printed = len(logs)
             if status in TERMINAL:
+                # Once the status is terminal, the log read after it is whole. Best effort:
+                # the attempt's end is said whether or not its log's end was read.
+                with contextlib.suppress(Exception):
+                    tail.finish(lambda: self._call(lambda api: api.get_job_logs(job_id)))
                 return Outcome(status, self._why(job_id, status))
             self.sleep(self.poll_s)
 

@@ -151,8 +151,11 @@ build_kine() {
 }
 
 build_kwok() {
-  module_install "$1" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
-    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  # A wrapper module whose k8s.io/* and other shared dependencies are raised to the
+  # kubernetes piece's versions, so most of its packages come from the build cache.
+  require kwok sigs.k8s.io/kwok "$KWOK_VERSION"
+  wrapper_build kwok "$1" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
+    sigs.k8s.io/kwok/cmd/kwok
 }
 
 build_kuberay() {
@@ -291,13 +294,25 @@ children_cpu_s() {
   echo $(((stat[15] + stat[16]) / $(getconf CLK_TCK)))
 }
 
+# What a piece's binaries were built from beyond its version: the wrapper module's go.mod
+# and go.sum (a dependency aligned there rebuilds the piece; the cache is keyed by version).
+recipe_of() { # PIECE
+  local dir=$HERE/$1
+  if [[ -f $dir/go.mod ]]; then
+    cat "$dir/go.mod" "$dir/go.sum" 2>/dev/null | sha256sum | cut -c1-16
+  fi
+}
+
 status=0
 summary=()
 for piece in "${PIECES[@]}"; do
   version=$(version_of "$piece")
   dest="$CACHE/$piece-$version"
-  # A piece built before its recipe gained a binary is built again.
+  recipe=$(recipe_of "$piece")
+  # A piece built before its recipe gained a binary, or from another wrapper module, is
+  # built again.
   if [[ $FORCE == 0 && -f "$dest/.complete" ]] &&
+    [[ $(sed -n 's/^recipe=//p' "$dest/.complete") == "$recipe" ]] &&
     [[ $piece != pulumi-language-python || -x "$dest/bin/pulumi-resource-pulumi-python" ]]; then
     echo "reused $piece $version: $dest/bin ($(ls "$dest/bin" | tr '\n' ' '))"
     continue
@@ -314,6 +329,7 @@ for piece in "${PIECES[@]}"; do
       echo "piece=$piece"
       echo "version=$version"
       echo "go=$(go env GOVERSION)"
+      echo "recipe=$recipe"
       echo "seconds=$((SECONDS - start))"
       echo "cpu_seconds=$(($(children_cpu_s) - cpu_start))"
     } >"$tmp/.complete"
