@@ -2,8 +2,10 @@
 
 It decides what Kubernetes runs (the Pulumi program) and what RLlib is told
 (through the endpoints contract). Read from Pulumi config key `uerl:topology`;
-every field has its default here, so a stack file holds only overrides.
-Imports only pydantic.
+every field has its default here, so a stack file holds only overrides. A value
+Kubernetes would refuse (a name, a label, an image, a pod's placement) is refused here,
+when the topology is read (infra/k8s_rules.py), so `uerl render`, `pulumi preview` and
+the tests refuse alike. Imports only pydantic.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import string
 import typing
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -30,8 +32,16 @@ from pydantic import (
     model_validator,
 )
 
+from infra import k8s_rules
 from infra.config_path import format_path
 from infra.endpoints import Endpoints, GameTLS, RayAddresses, Resources, RunStorage
+from infra.k8s_rules import (
+    DNS1123_SUBDOMAIN,
+    QUALIFIED_NAME,
+    Invalid,
+    described,
+    did_you_mean,
+)
 
 # The Ray version the training package is pinned to (pyproject: ray[default,rllib]==...).
 # The default Ray image follows it so head, workers and driver agree.
@@ -59,8 +69,6 @@ RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 RAY_AUTH_TOKEN_KEY = "auth_token"
 RAY_AUTH_MIN_VERSION = (2, 52, 0)
 
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Kubernetes resource.Quantity, e.g. 500m, 2, 1.5, 4Gi, 1e3.
 QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -85,12 +93,13 @@ OWN_LABELS = (
 # KubeRay labels the Ray pods `ray.io/...` and finds them by those labels; a pod
 # template's own value replaces some of KubeRay's (and is ignored for others).
 KUBERAY_LABEL_PREFIX = "ray.io/"
-# What a Kubernetes affinity holds, and what a topology spread constraint must.
-AFFINITY_KINDS = frozenset({"nodeAffinity", "podAffinity", "podAntiAffinity"})
-SPREAD_REQUIRED = ("maxSkew", "topologyKey", "whenUnsatisfiable")
-# A label value, and the name in a label or annotation key (after an optional DNS
-# subdomain and `/`).
-QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# The labels a networked game's topology spread constraint selects by, unless it says
+# (infra/manifests/simulator.py: the stack's games).
+GAME_SELECTOR_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/name")
+# The topology's name names the RayCluster, its Services (`<name>-head-svc`, `<name>-ue`:
+# a Service's name starts with a letter) and the pods KubeRay names after it (suffixes
+# added): at most this long.
+NAME_MAX = 40
 # Binary and decimal suffixes of a Kubernetes quantity, as multipliers.
 QUANTITY_SUFFIXES = {
     **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
@@ -125,12 +134,8 @@ class TopologyError(ValueError):
     """Invalid topology; the message names every config path at fault."""
 
 
-class FieldError(ValueError):
+class FieldError(Invalid):
     """A check across fields, reported at the field it is about (`path` below the model)."""
-
-    def __init__(self, path: tuple[str, ...], message: str) -> None:
-        super().__init__(message)
-        self.path = path
 
 
 class _Spec(BaseModel):
@@ -146,15 +151,6 @@ class _Spec(BaseModel):
             if annotation in (int, float) or set(typing.get_args(annotation)) & {int, float}:
                 raise ValueError(f"expected a number, got {str(value).lower()}")
         return value
-
-
-def _dns_label(value: str, *, max_len: int = 63) -> str:
-    if len(value) > max_len or not DNS1123_LABEL.match(value):
-        raise ValueError(
-            f"{value!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
-            f"starting and ending alphanumeric, at most {max_len} characters)"
-        )
-    return value
 
 
 def _quantity(value: str) -> str:
@@ -192,24 +188,28 @@ def quantity_value(value: str) -> float:
     return number * QUANTITY_SUFFIXES[suffix]
 
 
-def _subdomain(value: str, *, kind: str) -> str:
-    if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
-        raise ValueError(
-            f"{value!r} is not a {kind} name (a DNS-1123 subdomain: lowercase "
-            "letters, digits, '-' and '.', at most 253 characters)"
-        )
-    return value
-
-
 def _object_name(kind: str) -> Any:
     return Annotated[
-        str, BeforeValidator(_config_text), AfterValidator(partial(_subdomain, kind=kind))
+        str,
+        BeforeValidator(_config_text),
+        AfterValidator(partial(k8s_rules.dns1123_subdomain, kind=kind)),
     ]
 
 
 SecretName = _object_name("Secret")
 AccountName = _object_name("ServiceAccount")
 PriorityClassName = _object_name("PriorityClass")
+ClaimName = _object_name("PersistentVolumeClaim")
+
+
+def _storage_class(value: str) -> str:
+    # "" is Kubernetes' "no class" (a claim bound to a volume made by hand).
+    return value if value == "" else k8s_rules.dns1123_subdomain(value, "StorageClass")
+
+
+StorageClassName = Annotated[str, BeforeValidator(_config_text), AfterValidator(_storage_class)]
+# An image reference the kubelet can pull.
+Image = Annotated[str, BeforeValidator(_config_text), AfterValidator(k8s_rules.image_reference)]
 
 
 def _extended_resource(value: str) -> str:
@@ -233,101 +233,89 @@ def _extended_resource(value: str) -> str:
 GpuResource = Annotated[str, BeforeValidator(_config_text), AfterValidator(_extended_resource)]
 
 
-def _qualified_key(key: str) -> bool:
-    prefix, slash, name = key.rpartition("/")
-    if slash and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
-        return False
-    return len(name) <= 63 and bool(QUALIFIED_NAME.match(name))
-
-
 def _metadata_keys(value: dict[str, str]) -> dict[str, str]:
     for key in value:
-        if not _qualified_key(key):
-            raise ValueError(
-                f"{key!r} is not a label or annotation key (an optional DNS subdomain and "
-                "'/', then at most 63 letters, digits, '-', '_' and '.', starting and "
-                "ending alphanumeric)"
-            )
+        k8s_rules.located((key,), k8s_rules.label_key, key, "a label or annotation key")
     return value
 
 
 def _labels(value: dict[str, str]) -> dict[str, str]:
     _metadata_keys(value)
-    for key, text in value.items():
+    for key in value:
         if key in OWN_LABELS:
-            raise ValueError(
+            raise FieldError(
+                (key,),
                 f"{key!r} is one of uerl's own labels (the games' Service and the "
-                "NetworkPolicies find the pods by them): choose another key"
+                "NetworkPolicies find the pods by them): choose another key",
             )
         if key.startswith(KUBERAY_LABEL_PREFIX):
-            raise ValueError(
+            raise FieldError(
+                (key,),
                 f"{key!r}: labels starting {KUBERAY_LABEL_PREFIX!r} are KubeRay's (it finds "
-                "the Ray pods by them): choose another key"
+                "the Ray pods by them): choose another key",
             )
-        if text and (len(text) > 63 or not QUALIFIED_NAME.match(text)):
-            raise ValueError(
-                f"{text!r} (label {key!r}) is not a label value (at most 63 letters, digits, "
-                "'-', '_' and '.', starting and ending alphanumeric)"
-            )
+    k8s_rules.labels(value)
+    return value
+
+
+def _node_selector(value: dict[str, str]) -> dict[str, str]:
+    k8s_rules.labels(value)  # node labels: label keys and values
     return value
 
 
 Labels = Annotated[dict[Text, Text], AfterValidator(_labels)]
 Annotations = Annotated[dict[Text, Text], AfterValidator(_metadata_keys)]
-
-
-def _affinity(value: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(value) - AFFINITY_KINDS
-    if unknown:
-        raise ValueError(
-            f"{sorted(unknown)} not in a Kubernetes affinity, which has "
-            f"{', '.join(sorted(AFFINITY_KINDS))}"
-        )
-    for kind, rules in value.items():
-        if not isinstance(rules, dict):
-            raise ValueError(f"{kind} must be a mapping, got {type(rules).__name__}")
-    return value
-
-
-Affinity = Annotated[dict[str, Any], AfterValidator(_affinity)]
-
-
-def _spread_constraint(value: dict[str, Any]) -> dict[str, Any]:
-    missing = [key for key in SPREAD_REQUIRED if key not in value]
-    if missing:
-        raise ValueError(
-            f"a topology spread constraint needs {', '.join(missing)} (Kubernetes' names)"
-        )
-    return value
-
-
-SpreadConstraint = Annotated[dict[str, Any], AfterValidator(_spread_constraint)]
+NodeSelector = Annotated[dict[Text, Text], AfterValidator(_node_selector)]
+# A Kubernetes affinity, checked against the core API's schema and the API server's rules.
+Affinity = Annotated[dict[str, Any], AfterValidator(k8s_rules.affinity)]
+# A Kubernetes topology spread constraint (the list is checked as a whole: SimulatorSpec).
+SpreadConstraint = dict[str, Any]
 
 
 class Toleration(_Spec):
     """A Kubernetes toleration of the group's pods (the pod spec's own fields)."""
 
-    # The taint key tolerated (none with `Exists`: every taint).
+    # The taint key tolerated, a label key (none with `Exists`: every taint).
     key: Text | None = None
     # `Equal`: the taint's value must be `value`; `Exists`: any value.
     operator: Literal["Exists", "Equal"] = "Equal"
-    # The taint value tolerated with `Equal`.
+    # The taint value tolerated with `Equal`, a label value.
     value: Text | None = None
     # The taint effect tolerated (none: every effect).
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     # With `NoExecute`: how long a pod stays on a node after the taint appears.
     toleration_seconds: int | None = Field(default=None, ge=0)
 
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        return value if not value else k8s_rules.label_key(value, "a taint key")
+
+    @field_validator("value")
+    @classmethod
+    def _value(cls, value: str | None) -> str | None:
+        return value if value is None else k8s_rules.label_value(value, "a taint value")
+
+    @model_validator(mode="after")
+    def _seconds_need_no_execute(self) -> Toleration:
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise FieldError(
+                ("toleration_seconds",),
+                "counts only for effect NoExecute (a taint that evicts pods): set effect "
+                "NoExecute, or leave toleration_seconds out",
+            )
+        return self
+
     @model_validator(mode="after")
     def _operator_fits(self) -> Toleration:
         # The API server refuses these at `pulumi up`, after other objects were created.
-        if self.operator == "Exists" and self.value is not None:
+        if self.operator == "Exists" and self.value:
             raise FieldError(
                 ("value",),
                 f"operator Exists tolerates every value of the taint: leave out value "
                 f"{self.value!r}, or use operator Equal",
             )
-        if self.operator == "Equal" and self.key is None:
+        if self.operator == "Equal" and not self.key:
             raise FieldError(
                 ("key",),
                 "operator Equal needs the taint's key (operator Exists without a key "
@@ -379,11 +367,11 @@ class PodSpec(_Spec):
     """Where a group's pods run and as whom: every pod uerl makes has these fields."""
 
     # Node labels the group's pods must be scheduled on.
-    node_selector: dict[Text, Text] = {}
+    node_selector: NodeSelector = {}
     # Taints the group's pods tolerate.
     tolerations: list[Toleration] = []
-    # The pods' Kubernetes affinity (`nodeAffinity`, `podAffinity`, `podAntiAffinity`),
-    # passed through as written.
+    # The pods' Kubernetes affinity (`nodeAffinity`, `podAffinity`, `podAntiAffinity`), in
+    # Kubernetes' field names, checked as the API server would.
     affinity: Affinity | None = None
     # The PriorityClass of the group's pods (it must exist). None: the cluster's default.
     priority_class_name: PriorityClassName | None = None
@@ -493,7 +481,7 @@ class RaySpec(_Spec):
     version: Text = Field(default=RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
     # Ray image for head and workers, and learners unless `learners.image` (it needs uerl
     # installed). None: `uerl/ray:<version>-py311-cpu` (docker/ray.Dockerfile).
-    image: Text | None = None
+    image: Image | None = None
     head: HeadSpec = HeadSpec()
     auth: RayAuthSpec = RayAuthSpec()
     # How long `pulumi up` gives KubeRay to create the Ray pods and `ray start`
@@ -552,7 +540,7 @@ class LearnerSpec(_NodeGroupSpec):
     # The learners' image, e.g. the CUDA build of the Ray image (`make images` tags it
     # `uerl/ray:<version>-py311-cuda`: the same Ray, Python and uerl). None: the Ray
     # image (`ray.image`).
-    image: Text | None = None
+    image: Image | None = None
 
 
 class WorkerSpec(_NodeGroupSpec):
@@ -608,7 +596,7 @@ class SimulatorSpec(PodSpec, SizedSpec):
     # `unreal`: a packaged build on the shared volume; `mock`: `uerl mock-ue`, no volume.
     kind: Literal["unreal", "mock"] = "unreal"
     # The game container's image. None: `ubuntu:22.04` (unreal), `uerl/mock-ue:0.1.0` (mock).
-    image: Text | None = None
+    image: Image | None = None
     # Path of the game launcher relative to `executables.mount_path`.
     executable: Text = "Game.sh"
     # The game's command and arguments; placeholders `{port}` (where it listens),
@@ -629,7 +617,7 @@ class SimulatorSpec(PodSpec, SizedSpec):
     # None: `port` + 1 (`port` - 1 for 65535).
     internal_port: int | None = Field(default=None, ge=1, le=65535)
     # The image running that forwarder (its `python`, standard library only).
-    forwarder_image: Text = FORWARDER_IMAGE
+    forwarder_image: Image = FORWARDER_IMAGE
     # CPUs of the game container.
     cpus: float = Field(default=2, gt=0, le=MAX_CPUS)
     # Memory of the game container, a Kubernetes quantity.
@@ -660,6 +648,12 @@ class SimulatorSpec(PodSpec, SizedSpec):
     @classmethod
     def pod_field_names(cls) -> tuple[str, ...]:
         return (*super().pod_field_names(), "topology_spread_constraints")
+
+    @field_validator("topology_spread_constraints")
+    @classmethod
+    def _spread(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # One without a labelSelector is given the stack's games' (manifests/simulator.py).
+        return k8s_rules.spread_constraints(value, set(GAME_SELECTOR_LABELS))
 
     @field_validator("command", "args")
     @classmethod
@@ -742,12 +736,12 @@ class ExecutablesSpec(_Spec):
     """The shared volume holding the packaged game, mounted read-only into every UE container."""
 
     # Use this PersistentVolumeClaim instead of creating one.
-    existing_claim: Text | None = None
+    existing_claim: ClaimName | None = None
     # Size of the claim uerl creates, a Kubernetes quantity.
     size: Quantity = "20Gi"
     # Storage class of that claim (it must provide the access mode). None: the
-    # cluster's default.
-    storage_class: Text | None = None
+    # cluster's default; "": no class (a volume made for it).
+    storage_class: StorageClassName | None = None
     # Every game pod mounts the volume at once, so one claim serves many nodes.
     access_mode: Literal["ReadWriteMany", "ReadOnlyMany"] = "ReadWriteMany"
     # Where every UE container mounts the volume (read-only), absolute.
@@ -759,16 +753,11 @@ class ExecutablesSpec(_Spec):
     source_url: Text | None = Field(default=None, pattern=r"^(https?|s3|gs)://\S+$")
     # Image of that Job and of the init containers waiting for it (needs sh,
     # wget, tar, unzip: alpine has them; s3:// needs `aws`, gs:// `gsutil`).
-    loader_image: Text = "alpine:3.20"
+    loader_image: Image = "alpine:3.20"
     # How long `pulumi up` waits for the loader Job. A claim the storage cannot
     # provide (no ReadWriteMany) keeps the Job pending for all of it.
     loader_timeout_s: int = Field(default=3600, ge=60, le=86400)
     loader: LoaderSpec = LoaderSpec()
-
-    @field_validator("existing_claim")
-    @classmethod
-    def _claim_name(cls, value: str | None) -> str | None:
-        return None if value is None else _dns_label(value, max_len=253)
 
     @model_validator(mode="after")
     def _a_build_in_the_image_needs_no_volume(self) -> ExecutablesSpec:
@@ -782,8 +771,13 @@ class ExecutablesSpec(_Spec):
         return self
 
 
-# An S3 bucket name (AWS's rules, which S3-compatible stores follow).
+# An S3 bucket name: AWS's rules (MinIO refuses the same names).
 BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+BUCKET_RESERVED = (("xn--", "sthree-", "amzn-s3-demo-"), ("-s3alias", "--ol-s3", ".mrap", "--x-s3"))
+# An S3 region: the AWS SDK puts it in host names and request signatures.
+REGION = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+# A host name of an S3 endpoint (RFC 1123 labels).
+HOST_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 # Where the Ray head mounts the runs claim (`runs.store: claim`).
 RUNS_MOUNT_PATH = "/uerl/runs"
 # The keys of `runs.s3.credentials_secret`, passed to the head as the environment
@@ -791,11 +785,38 @@ RUNS_MOUNT_PATH = "/uerl/runs"
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
+def _bucket_reason(value: str) -> str | None:
+    if not 3 <= len(value) <= 63:
+        return f"it is {len(value)} characters long"
+    if any("A" <= c <= "Z" for c in value):
+        return "it has upper-case letters"
+    bad = sorted({c for c in value if not (c.isascii() and (c.isalnum() or c in ".-"))})
+    if bad:
+        return "it contains " + ", ".join(repr(c) for c in bad)
+    if not BUCKET.match(value):
+        return f"it starts or ends with {value[0] if value[0] in '.-' else value[-1]!r}"
+    for pair in ("..", ".-", "-."):
+        if pair in value:
+            return f"it contains {pair!r}"
+    if re.fullmatch(r"[0-9]+(\.[0-9]+){3}", value):
+        return "it is formatted as an IP address"
+    prefixes, suffixes = BUCKET_RESERVED
+    if value.startswith(prefixes) or value.endswith(suffixes):
+        return (
+            "AWS reserves names starting "
+            + ", ".join(map(repr, prefixes))
+            + (" or ending " + ", ".join(map(repr, suffixes)))
+        )
+    return None
+
+
 def _bucket(value: str) -> str:
-    if not BUCKET.match(value) or ".." in value:
+    reason = _bucket_reason(value)
+    if reason is not None:
         raise ValueError(
-            f"{value!r} is not an S3 bucket name (3 to 63 lowercase letters, digits, '.' "
-            "and '-', starting and ending with a letter or digit)"
+            f"{value!r} is not an S3 bucket name: {reason} (3 to 63 lower-case letters, "
+            "digits, '.' and '-', starting and ending with a letter or digit, no '..', not "
+            "an IP address)"
         )
     return value
 
@@ -803,37 +824,96 @@ def _bucket(value: str) -> str:
 def _prefix(value: str) -> str:
     if value.startswith("/") or value.endswith("/") or "//" in value:
         raise ValueError(f"{value!r}: a key prefix has no leading, trailing or double '/'")
+    dots = [part for part in value.split("/") if part in (".", "..")]
+    if dots:
+        raise ValueError(
+            f"{value!r}: a key prefix has no {dots[0]!r} part (a path reading it would leave "
+            "the prefix)"
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"{value!r}: a key prefix has no control characters")
     return value
 
 
-def _http_url(value: str) -> str:
-    if not re.match(r"^https?://[^/\s]+/?$", value):
+def _region(value: str) -> str:
+    if not REGION.match(value):
+        reason = k8s_rules.why_not_host_label(value)
         raise ValueError(
-            f"{value!r} is not an S3 endpoint URL (http:// or https://, a host and an "
-            "optional port, no path), e.g. https://s3.example.com:9000"
+            f"{value!r} is not an S3 region: {reason} (at most 63 letters, digits and '-', "
+            "starting and ending with a letter or digit, e.g. us-east-1)"
+        )
+    return value
+
+
+def _endpoint_reason(value: str) -> str | None:
+    if any(c.isspace() for c in value):
+        return "it contains whitespace"
+    try:
+        url = urlsplit(value)
+    except ValueError as exc:  # an unclosed '[' of an IPv6 address
+        return str(exc)
+    if url.scheme not in ("http", "https") or not value.startswith(f"{url.scheme}://"):
+        return "it does not start with http:// or https://"
+    if url.path not in ("", "/") or "?" in value or "#" in value:
+        return "it has more than a host and a port"
+    if "@" in url.netloc:
+        return "it holds credentials: give them in runs.s3.credentials_secret"
+    host_port = url.netloc
+    if host_port.endswith(":"):
+        return "its port is empty"
+    try:
+        port = url.port
+    except ValueError:
+        return f"port {host_port.rpartition(':')[2]!r} is not a port number (1 to 65535)"
+    if port == 0:
+        return "port 0 is not a port a store listens on (1 to 65535)"
+    host = url.hostname or ""
+    if not host:
+        return "it has no host"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        if host_port.startswith("["):
+            return f"[{host}] is not an IPv6 address"
+    labels = host.removesuffix(".").split(".")
+    bad = [label for label in labels if not HOST_LABEL.match(label)]
+    if bad or len(host) > 253:
+        return f"host {host!r} is not a host name (letters, digits and '-', in '.'-separated parts)"
+    return None
+
+
+def _http_url(value: str) -> str:
+    reason = _endpoint_reason(value)
+    if reason is not None:
+        raise ValueError(
+            f"{value!r} is not an S3 endpoint URL: {reason} (http:// or https://, a host and "
+            "an optional port, no path, e.g. https://s3.example.com:9000)"
         )
     return value.rstrip("/")
+
+
+BucketName = Annotated[str, BeforeValidator(_config_text), AfterValidator(_bucket)]
+KeyPrefix = Annotated[str, BeforeValidator(_config_text), AfterValidator(_prefix)]
+EndpointUrl = Annotated[str, BeforeValidator(_config_text), AfterValidator(_http_url)]
+RegionName = Annotated[str, BeforeValidator(_config_text), AfterValidator(_region)]
 
 
 class RunsClaimSpec(_Spec):
     """The PersistentVolumeClaim runs are stored on (`runs.store: claim`)."""
 
     # Use this PersistentVolumeClaim instead of creating one.
-    existing_claim: Text | None = None
+    existing_claim: ClaimName | None = None
     # Size of the claim uerl creates, a Kubernetes quantity.
     size: Quantity = "20Gi"
-    # Storage class of that claim. None: the cluster's default.
-    storage_class: Text | None = None
+    # Storage class of that claim. None: the cluster's default; "": no class (a volume
+    # made for it).
+    storage_class: StorageClassName | None = None
     # Only the Ray head mounts it (the driver runs there).
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
     # `pulumi destroy` leaves the claim uerl created, runs and all (the next `pulumi up`
     # takes it back); false: destroy deletes it with every run on it.
     keep_on_destroy: bool = True
-
-    @field_validator("existing_claim")
-    @classmethod
-    def _claim_name(cls, value: str | None) -> str | None:
-        return None if value is None else _dns_label(value, max_len=253)
 
     @model_validator(mode="after")
     def _keeps_only_its_own(self) -> RunsClaimSpec:
@@ -850,13 +930,13 @@ class RunsS3Spec(_Spec):
     """An S3-compatible bucket runs are stored in (`runs.store: s3`)."""
 
     # The bucket; it must exist (a training refuses to start otherwise).
-    bucket: Annotated[str, BeforeValidator(_config_text), AfterValidator(_bucket)]
+    bucket: BucketName
     # Key prefix of every run: `s3://<bucket>/<prefix>/<run>/...`.
-    prefix: Annotated[str, BeforeValidator(_config_text), AfterValidator(_prefix)] = "uerl-runs"
+    prefix: KeyPrefix = "uerl-runs"
     # The store's URL. None: AWS S3 in `region`.
-    endpoint: Annotated[str, BeforeValidator(_config_text), AfterValidator(_http_url)] | None = None
+    endpoint: EndpointUrl | None = None
     # The bucket's region (S3-compatible stores mostly ignore it).
-    region: Text = "us-east-1"
+    region: RegionName = "us-east-1"
     # A Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, given to the head as
     # those variables. None: the head's service account identity (IRSA, workload
     # identity) or the node's grants access.
@@ -955,7 +1035,7 @@ class OperatorSpec(_Spec):
     @field_validator("namespace")
     @classmethod
     def _ns(cls, value: str | None) -> str | None:
-        return None if value is None else _dns_label(value)
+        return None if value is None else k8s_rules.dns1123_label(value, "namespace")
 
 
 def _cidr(value: str) -> str:
@@ -990,8 +1070,9 @@ class SecuritySpec(_Spec):
 class Topology(_Spec):
     """A whole uerl deployment."""
 
-    # Prefix of every object; the RayCluster's name. Short enough that KubeRay's
-    # derived names (`<name>-head-svc`, pods with suffixes) stay valid.
+    # Prefix of every object; the RayCluster's name. A letter first (it names Services:
+    # `<name>-head-svc`), and short enough that KubeRay's derived names (pods with
+    # suffixes) stay valid.
     name: Text = "uerl"
     # The namespace of every object (a DNS-1123 label).
     namespace: Text = "uerl"
@@ -1018,7 +1099,7 @@ class Topology(_Spec):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        return _dns_label(value, max_len=40)
+        return k8s_rules.dns1035_label(value, "topology", max_len=NAME_MAX)
 
     @model_validator(mode="after")
     def _two_custom_resources(self) -> Topology:
@@ -1108,7 +1189,7 @@ class Topology(_Spec):
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, value: str) -> str:
-        return _dns_label(value)
+        return k8s_rules.dns1123_label(value, "namespace")
 
     # -- derived names (stable: rescaling never renames anything) -------------
 
@@ -1286,12 +1367,42 @@ def format_validation_error(exc: ValidationError, root: str) -> str:
     for err in exc.errors():
         loc = list(err["loc"])
         cause = (err.get("ctx") or {}).get("error")
-        if isinstance(cause, FieldError):
+        if isinstance(cause, Invalid):
             loc += cause.path
         path = format_path([root, *loc])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (not a topology field)"
+            fields = _fields_at(err["loc"][:-1])
+            hint = did_you_mean(str(err["loc"][-1]), fields) if fields else ""
+            msg = f"unknown key{hint or ' (not a topology field)'}"
+        elif err["type"] in ("model_type", "model_attributes_type"):
+            # pydantic names the model's class, which is no name of the user's.
+            msg = f"expected a map of its fields, got {described(err.get('input'))}"
         lines.append(f"{path}: {msg.removeprefix('Value error, ')}")
     noun = "error" if len(lines) == 1 else "errors"
     return f"invalid topology ({len(lines)} {noun}):\n  " + "\n  ".join(lines)
+
+
+def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
+    """The field names of the model at `loc` below the topology ([] if none is there)."""
+    model: type[BaseModel] = Topology
+    for part in loc:
+        if isinstance(part, int):  # an item of a list of models: the same model
+            continue
+        field = model.model_fields.get(part)
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds: itself, optionally, or as list items."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        inner = _model_in(arg)
+        if inner is not None:
+            return inner
+    return None

@@ -438,7 +438,7 @@ def test_without_tls_no_pod_mounts_the_secret() -> None:
             "is not a Secret name",
         ),
         ({"simulator": {"tls": {}}}, "topology.simulator.tls.secret", "Field required"),
-        ({"simulator": {"tls": "game-tls"}}, "topology.simulator.tls", "valid dictionary"),
+        ({"simulator": {"tls": "game-tls"}}, "topology.simulator.tls", "expected a map"),
         (
             {"simulator": {"tls": {"secret": "t", "mutual": "both"}}},
             "topology.simulator.tls.mutual",

@@ -289,12 +289,12 @@ def test_a_gpu_resource_that_is_not_an_extended_resource_name_is_refused(
 @pytest.mark.parametrize("key", ["app.kubernetes.io/name", "app.kubernetes.io/instance"])
 def test_a_groups_labels_may_not_replace_uerls_own(key: str) -> None:
     message = error_for({"workers": {"labels": {key: "mine"}}})
-    assert f"topology.workers.labels: {key!r} is one of uerl's own labels" in message
+    assert f'topology.workers.labels["{key}"]: {key!r} is one of uerl\'s own labels' in message
 
 
 def test_a_groups_labels_may_not_replace_kuberays() -> None:
     message = error_for({"learners": {"labels": {"ray.io/group": "mine"}}})
-    assert "topology.learners.labels: 'ray.io/group': labels starting 'ray.io/' are KubeRay's" in (
+    assert """topology.learners.labels["ray.io/group"]: 'ray.io/group': labels starting""" in (
         message
     )
 
@@ -359,11 +359,11 @@ def test_dev_shm_must_leave_the_container_memory_for_ray() -> None:
         ),
         (
             {"workers": {"affinity": {"nodeAfinity": {}}}},
-            "topology.workers.affinity: ['nodeAfinity'] not in a Kubernetes affinity",
+            "topology.workers.affinity.nodeAfinity: unknown key (did you mean nodeAffinity?)",
         ),
         (
             {"ray": {"head": {"affinity": {"podAntiAffinity": "spread"}}}},
-            "topology.ray.head.affinity: podAntiAffinity must be a mapping",
+            "topology.ray.head.affinity.podAntiAffinity: expected a map, got the string 'spread'",
         ),
         (
             {"learners": {"priority_class_name": "High"}},
@@ -387,11 +387,12 @@ def test_dev_shm_must_leave_the_container_memory_for_ray() -> None:
         ),
         (
             {"workers": {"labels": {"team": "a b"}}},
-            "topology.workers.labels: 'a b' (label 'team') is not a label value",
+            "topology.workers.labels.team: 'a b' is not a label value: it contains ' '",
         ),
         (
             {"ray": {"head": {"annotations": {"no spaces": "x"}}}},
-            "topology.ray.head.annotations: 'no spaces' is not a label or annotation key",
+            """topology.ray.head.annotations["no spaces"]: 'no spaces' is not a label or """
+            "annotation key",
         ),
         (
             {"learners": {"cpu_limits": "maybe"}},
@@ -408,8 +409,8 @@ def test_dev_shm_must_leave_the_container_memory_for_ray() -> None:
                 "pattern": "networked",
                 "simulator": {"topology_spread_constraints": [{"maxSkew": 1}]},
             },
-            "topology.simulator.topology_spread_constraints[0]: a topology spread constraint "
-            "needs topologyKey, whenUnsatisfiable",
+            "topology.simulator.topology_spread_constraints[0]: missing topologyKey, "
+            "whenUnsatisfiable (required by Kubernetes)",
         ),
         (
             {"executables": {"loader": {"replicas": 2}}},
