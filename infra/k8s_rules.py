@@ -154,7 +154,8 @@ def _subdomain_reason(value: str) -> str | None:
     for part in value.split("."):
         if not part:
             return "it has an empty part between dots"
-        reason = _label_reason(part)
+        # Kubernetes bounds the whole name, not each part (IsDNS1123Subdomain).
+        reason = _label_reason(part, max_len=SUBDOMAIN_MAX)
         if reason is not None:
             return reason if part == value else f"its part {part!r}: {reason}"
     return None
