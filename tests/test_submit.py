@@ -135,11 +135,71 @@ def test_a_missing_or_unknown_command_exits_2(
 def test_a_bad_train_flag_is_refused_here_before_anything_is_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exited:  # argparse, with `uerl train`'s own parser
-        submit(["--endpoints", str(tmp_path / "unread.json"), "--", "train", "--iterations", "0"])
+    # `uerl train`'s own parser, its refusal in one line (not train's usage under submit).
+    err = one_line_error(capsys, "--endpoints", str(tmp_path / "unread.json"), "--", "train",
+                         "--iterations", "0", code=2)  # fmt: skip
+    assert err == "uerl submit: train (after `--`): argument --iterations: 0: must be at least 1"
+
+
+def test_a_run_name_that_is_not_one_path_segment_is_refused_before_the_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: submitted; the job failed on the head. (The endpoints are never read here.)
+    err = one_line_error(capsys, "--endpoints", str(tmp_path / "unread.json"), "--", "train",
+                         "--run-name", "../x", code=2)  # fmt: skip
+    assert err == (
+        "uerl submit: train (after `--`): argument --run-name: '../x': a run name is 1 to 100 "
+        "letters, digits, '.', '_' and '-', starting with a letter or digit"
+    )
+
+
+def test_a_hyperparameter_typo_after_the_dashes_is_refused_before_the_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = one_line_error(capsys, "--endpoints", str(tmp_path / "unread.json"), "--", "train",
+                         "--hp", "clip_parm=0.1", code=2)  # fmt: skip
+    assert err == "uerl submit: train (after `--`): --hp: 'clip_parm' is not a PPO training option"
+
+
+def test_a_submission_id_with_a_space_is_refused_by_its_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: sent to Ray, which took it as the name of the job's log file.
+    with pytest.raises(SystemExit) as exited:
+        submit(["--endpoints", str(tmp_path / "unread.json"), "--submission-id", "my job",
+                "--", "train"])  # fmt: skip
     assert exited.value.code == 2
-    err = capsys.readouterr().err
-    assert "argument --iterations: 0" in err and "endpoints" not in err.splitlines()[-1]
+    assert "argument --submission-id: 'my job': a submission id is 1 to 100 letters" in (
+        capsys.readouterr().err
+    )
+
+
+def test_max_restarts_below_zero_is_refused_by_its_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        submit(["--endpoints", str(tmp_path / "unread.json"), "--supervise", "--max-restarts",
+                "-1", "--", "train", "--run-name", "r"])  # fmt: skip
+    assert exited.value.code == 2
+    assert "argument --max-restarts: -1: must be at least 0" in capsys.readouterr().err
+
+
+def test_max_restarts_without_supervise_is_refused_not_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = one_line_error(capsys, "--endpoints", str(tmp_path / "unread.json"), "--max-restarts",
+                         "3", "--", "train", code=2)  # fmt: skip
+    assert err == (
+        "uerl submit: --max-restarts counts a supervisor's restarts: give it with --supervise"
+    )
+
+
+def test_a_submission_id_with_supervise_is_refused_not_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = one_line_error(capsys, "--endpoints", str(tmp_path / "unread.json"), "--supervise",
+                         "--submission-id", "mine", "--", "train", code=2)  # fmt: skip
+    assert err.startswith("uerl submit: --submission-id: a supervised run's attempts are jobs ")
 
 
 def test_a_kubeconfig_that_does_not_exist_is_named_with_exit_2(

@@ -398,6 +398,39 @@ def test_a_supervisor_sent_sigterm_stops_leaving_its_attempt_running(
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+@pytest.mark.parametrize(
+    ("address", "said"),
+    [
+        ("not-a-url", "'not-a-url': not an http(s) URL with a host"),
+        ("head:8265", "'head:8265': not an http(s) URL with a host"),
+        ("http://head:99999", "'http://head:99999': the port must be from 1 to 65535"),
+    ],
+)
+def test_an_address_that_is_no_job_api_url_is_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], address: str, said: str
+) -> None:
+    # Before: taken, then retried as a head that does not answer, for 30 minutes.
+    def started(self: Supervisor) -> int:
+        raise AssertionError("the supervisor started")
+
+    monkeypatch.setattr(Supervisor, "run", started)
+    with pytest.raises(SystemExit) as exited:
+        supervise(["--address", address, "--run-name", "r1"])
+    assert exited.value.code == 2
+    assert f"argument --address: {said}" in capsys.readouterr().err
+
+
+def test_a_train_flag_typo_is_one_line_naming_the_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(Supervisor, "run", lambda self: 0)
+    assert supervise(["--address", "http://head:8265", "--run-name", "r1", "--",
+                      "--iterations", "0"]) == 2  # fmt: skip
+    assert capsys.readouterr().err.strip() == (
+        "uerl supervise: train flags (after `--`): argument --iterations: 0: must be at least 1"
+    )
+
+
 def test_the_exit_code_is_read_from_rays_failure_message() -> None:
     assert exit_code("Job entrypoint command failed with exit code 2, last available logs") == 2
     assert exit_code("Job supervisor actor died") is None

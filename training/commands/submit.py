@@ -25,6 +25,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from training.commands.arg_types import (
+    SUBMISSION_ID_LIMITS,
+    ArgumentsRefused,
+    non_negative_int,
+    parse_for,
+    submission_id,
+)
+from training.supervise.supervisor import MAX_RESTARTS
+
 PROG = "uerl submit"
 SUBCOMMANDS = ("train", "eval")
 USAGE = (
@@ -64,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
     parser.add_argument(
-        "--submission-id", metavar="ID", help="the job's submission id (default: Ray picks one)"
+        "--submission-id",
+        metavar="ID",
+        type=submission_id,
+        help=f"the job's submission id (default: Ray picks one): {SUBMISSION_ID_LIMITS}; "
+        "not with --supervise, which names each attempt's job uerl-RUN-N",
     )
     parser.add_argument(
         "--supervise",
@@ -75,11 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-restarts",
-        type=int,
-        default=10,
+        type=non_negative_int,
         metavar="N",
-        help="with --supervise: restarts in a row without a new checkpoint before giving up "
-        "(default 10)",
+        help="with --supervise only: restarts in a row without a new checkpoint before "
+        f"giving up, 0 or more (default {MAX_RESTARTS})",
     )
     parser.add_argument(
         "--no-wait",
@@ -110,8 +122,25 @@ def _check_command(command: list[str] | None) -> str | None:
         from training.commands.train import build_parser as command_parser
     else:
         from training.commands.eval import build_parser as command_parser
-    command_parser().parse_args(command[1:])  # argparse: exit 2 with its line
+    try:
+        parsed = parse_for(command_parser(), command[1:])
+        if command[0] == "train":
+            _check_hyperparameters(parsed)
+    except ArgumentsRefused as exc:
+        return f"{command[0]} (after `--`): {exc}"
     return None
+
+
+def _check_hyperparameters(parsed: argparse.Namespace) -> None:
+    """The train flags' hyperparameters (--hp, --lr, ...) as `uerl train` will merge them;
+    an --hparams file is on the head, where the job runs, and is read there."""
+    from training.commands.training_options import merged_hparams
+    from training.rllib.hparams import HyperparameterError
+
+    try:
+        merged_hparams(argparse.Namespace(**{**vars(parsed), "hparams": None}))
+    except HyperparameterError as exc:
+        raise ArgumentsRefused(str(exc)) from None
 
 
 def main(argv: Sequence[str]) -> int:
@@ -127,11 +156,13 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
     assert command is not None
-    if args.supervise:
+    problem = _check_options(args)
+    if problem is None and args.supervise:
         problem = _check_supervised(command)
-        if problem is not None:
-            print(f"{PROG}: --supervise: {problem}", file=sys.stderr)
-            return 2
+        problem = problem and f"--supervise: {problem}"
+    if problem is not None:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        return 2
     from training.submit.submit_error import SubmitError
 
     try:
@@ -142,6 +173,19 @@ def main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+
+
+def _check_options(args: argparse.Namespace) -> str | None:
+    """Why `uerl submit`'s own options do not go together (None: they do): an option of
+    the other mode would be dropped without a word."""
+    if args.max_restarts is not None and not args.supervise:
+        return "--max-restarts counts a supervisor's restarts: give it with --supervise"
+    if args.submission_id is not None and args.supervise:
+        return (
+            "--submission-id: a supervised run's attempts are jobs uerl-RUN-N, named by the "
+            "supervisor; leave it out (or submit without --supervise)"
+        )
+    return None
 
 
 def _check_supervised(command: list[str]) -> str | None:
@@ -197,7 +241,8 @@ def _supervise(args: argparse.Namespace, command: list[str]) -> int:
     pod = next(
         p for p in list_pods(finder.namespace, finder.selector) if p["metadata"]["name"] == pod_name
     )
-    job = supervisor_job.build(endpoints, pod, run_name, train_args, max_restarts=args.max_restarts)
+    restarts = MAX_RESTARTS if args.max_restarts is None else args.max_restarts
+    job = supervisor_job.build(endpoints, pod, run_name, train_args, max_restarts=restarts)
     name = job["metadata"]["name"]
     from kubernetes.client import BatchV1Api
     from kubernetes.client.exceptions import ApiException

@@ -20,6 +20,15 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from training.commands.arg_types import (
+    ArgumentsRefused,
+    http_url,
+    non_negative_int,
+    parse_for,
+    run_name,
+)
+from training.runstore.location import RUN_NAME_LIMITS
+
 PROG = "uerl supervise"
 TERMINATED = 128 + signal.SIGTERM
 
@@ -42,11 +51,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-name RUN --resume auto FLAGS` to the head's job API, follow it, and submit it "
         "again when the head loses it or it fails.",
     )
-    parser.add_argument("--address", required=True, help="the head's job API (dashboard) URL")
-    parser.add_argument("--run-name", required=True, metavar="RUN", help="the run to keep going")
+    parser.add_argument(
+        "--address",
+        required=True,
+        type=http_url,
+        metavar="URL",
+        help="the head's job API (dashboard): an http(s) URL, e.g. http://uerl-head-svc:8265",
+    )
+    parser.add_argument(
+        "--run-name",
+        required=True,
+        type=run_name,
+        metavar="RUN",
+        help=f"the run to keep going: {RUN_NAME_LIMITS}",
+    )
     parser.add_argument(
         "--max-restarts",
-        type=int,
+        type=non_negative_int,
         default=MAX_RESTARTS,
         metavar="N",
         help="restarts in a row without a new checkpoint before giving up "
@@ -61,14 +82,12 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(args_list[:cut])
     train_args = args_list[cut + 1 :]
     from training.commands.train import build_parser as train_parser
-    from training.runstore.location import RunStorageError, check_run_name
 
-    try:
-        check_run_name(args.run_name)
-    except RunStorageError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
+    try:  # a typo is refused here, not by every attempt
+        parse_for(train_parser(), ["--run-name", args.run_name, *train_args])
+    except ArgumentsRefused as exc:
+        print(f"{PROG}: train flags (after `--`): {exc}", file=sys.stderr)
         return 2
-    train_parser().parse_args(["--run-name", args.run_name, *train_args])  # exit 2 on a typo
     from training.ray_auth import token_client
     from training.supervise.supervisor import Supervisor
 

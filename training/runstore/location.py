@@ -13,7 +13,11 @@ import time
 from pathlib import Path
 
 # A run name is one path segment (a directory, an object key part): no `/`, no `..`.
-RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# Matched whole (fullmatch: `$` would let a trailing newline through).
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# What --help and the errors say of it.
+RUN_NAME_LIMITS = "1 to 100 letters, digits, '.', '_' and '-', starting with a letter or digit"
+RUN_NAME_RULE = f"a run name is {RUN_NAME_LIMITS}"
 # Below this much free space the run storage is refused at start: a checkpoint of the
 # default models is a few MB, and a full volume mid-run would cost the run its progress.
 MIN_FREE_BYTES = 64 * 2**20
@@ -36,12 +40,9 @@ class RunStorageUnavailable(Exception):
     apart by type."""
 
 
-def check_run_name(name: str) -> str:
-    if not RUN_NAME.match(name):
-        raise RunStorageError(
-            f"--run-name {name!r}: a run name is 1 to 100 letters, digits, '.', '_' and '-', "
-            "starting with a letter or digit"
-        )
+def check_run_name(name: str, *, flag: str = "--run-name") -> str:
+    if not RUN_NAME.fullmatch(name):
+        raise RunStorageError(f"{flag} {name!r}: {RUN_NAME_RULE}")
     return name
 
 
@@ -50,8 +51,13 @@ def default_run_name(cluster_name: str) -> str:
 
 
 def check_room(root: Path) -> None:
-    """The run storage is there and has room; else a RunStorageError naming it."""
-    if not root.is_dir():
+    """The run storage is there and has room; else a RunStorageError naming it (or
+    RunStorageUnavailable: a volume that does not answer, exit status 1 as a bucket's)."""
+    try:
+        mounted = root.is_dir()
+    except OSError as exc:  # EIO, a lost NFS server: is_dir() lets all but "no such" through
+        raise RunStorageUnavailable(f"{FIELD}: {root} does not answer: {exc}") from None
+    if not mounted:
         raise RunStorageError(
             f"{FIELD}: {root} is not mounted here (no such directory): is this the Ray head "
             "of the stack? Elsewhere pass --run-dir"
