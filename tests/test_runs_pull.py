@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -18,6 +19,7 @@ from pathlib import Path
 import fake_bucket
 import pytest
 from fake_bucket import FakeBucket
+from host_speed import guard
 from run_fakes import SavingAlgo, meta
 
 from infra.endpoints import RunStorage
@@ -289,8 +291,10 @@ def test_pull_refuses_a_run_name_that_is_not_one_path_segment(
 ) -> None:
     path = tmp_path / "endpoints.json"
     path.write_text(Topology().endpoints().model_dump_json())
-    assert runs_main(["pull", "../etc", "--endpoints", str(path)]) == 2
-    assert capsys.readouterr().err.startswith("uerl runs: RUN '../etc': a run name is ")
+    with pytest.raises(SystemExit) as exited:  # the type `uerl train --run-name` has
+        runs_main(["pull", "../etc", "--endpoints", str(path)])
+    assert exited.value.code == 2
+    assert "error: argument RUN: '../etc': a run name is 1 to 100 " in capsys.readouterr().err
 
 
 def test_table_aligns_numbers_right(tmp_path: Path) -> None:
@@ -350,3 +354,125 @@ def test_a_buckets_pull_refuses_a_key_that_leads_outside_the_run(
         )
     assert relative in str(refused.value)
     assert list((tmp_path / "pulled").iterdir()) == []
+
+
+# ---- where a pull lands, and what it reads: checked before the store is ------------------
+
+
+@pytest.fixture
+def claim_endpoints(tmp_path: Path) -> Path:
+    """A stack's endpoints with a runs claim; no kubeconfig is set up, so a command that
+    reached for the cluster would say that instead."""
+    path = tmp_path / "endpoints.json"
+    path.write_text(Topology().endpoints().model_dump_json())
+    return path
+
+
+def test_pull_to_a_file_is_refused_naming_it_before_the_store_is_read(
+    tmp_path: Path, claim_endpoints: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: the cluster was reached first, and a reachable one ended in a traceback
+    # (FileExistsError from mkdir) after the listing.
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for to in (a_file, a_file / "runs"):
+        assert runs_main(["pull", "r1", "--endpoints", str(claim_endpoints), "--to", str(to)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"uerl runs: --to {to}: {a_file} is not a directory"
+
+
+def test_pull_to_a_directory_without_write_permission_is_refused_naming_it(
+    tmp_path: Path, claim_endpoints: Path
+) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    argv = [sys.executable, "-m", "training.cli", "runs", "pull", "r1",
+            "--endpoints", str(claim_endpoints), "--to", str(locked / "runs")]  # fmt: skip
+    if os.geteuid() == 0:  # root writes anywhere: not without the capabilities that let it
+        argv = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", *argv]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=guard(180))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"uerl runs: --to {locked / 'runs'}: cannot write in {locked} (Permission denied)"
+    )
+
+
+@pytest.fixture
+def stored_r1(tmp_path: Path, bucket: FakeBucket) -> Path:
+    """Run r1 in the (fake) bucket, and endpoints naming that bucket."""
+    bucket_runs(tmp_path / "source", [])
+    path = tmp_path / "bucket-endpoints.json"
+    endpoints = Topology().endpoints().model_copy(update={"runs": RunStorage(uri="s3://b/p")})
+    path.write_text(endpoints.model_dump_json())
+    return path
+
+
+def test_pull_onto_a_full_disk_says_the_disk_is_full_and_what_the_run_needs(
+    tmp_path: Path, stored_r1: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    # Before: "--to runs: 0.0 MiB free, the run is 0.0 MiB".
+    from training.commands import writable
+
+    usage = writable.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(writable.shutil, "disk_usage", lambda path: usage._replace(free=0))
+    to = tmp_path / "pulled"
+    assert runs_main(["pull", "r1", "--endpoints", str(stored_r1), "--to", str(to)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        f"uerl runs: --to {to}: not enough room: the disk it is on is full, and the run is "
+    )
+    assert err.endswith("pull only its latest checkpoint (--latest)")
+    assert not to.exists()
+
+
+def test_a_disk_that_fills_during_a_pull_is_one_line_naming_to_and_keeps_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: the claim's pull ended in a traceback (OSError out of the tar extraction).
+    import errno
+
+    make_run(tmp_path / "claim", "r1", 2)
+    reader, _ = claim_runs(tmp_path / "claim")
+    monkeypatch.setattr("training.commands.runs._store", lambda args: reader)
+
+    def full(self: tarfile.TarFile, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tarfile.TarFile, "extract", full)
+    to = tmp_path / "pulled"
+    assert runs_main(["pull", "r1", "--endpoints", "unused.json", "--to", str(to), "--latest"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"uerl runs: --to {to}: cannot write there: the disk it is on is full "
+        "(No space left on device)"
+    )
+    assert list(to.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["missing", "a file"])
+def test_list_dir_of_a_missing_directory_or_a_file_is_an_error_not_no_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    # Before: "0 run(s) in DIR", exit 0, as if the storage were empty.
+    where = tmp_path / "runs"
+    if kind == "a file":
+        where.write_text("")
+    assert runs_main(["list", "--dir", str(where)]) == 2
+    why = "no such directory" if kind == "missing" else "is not a directory"
+    assert capsys.readouterr().err.strip() == f"uerl runs: --dir {where}: {why}"
+
+
+def test_a_runs_claim_the_head_cannot_list_is_a_store_not_reached_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A head whose claim is not mounted where the endpoints say: as a bucket that does
+    # not answer, exit 1. Before: "0 run(s)", exit 0.
+    reader, _ = claim_runs(tmp_path / "not-mounted")
+    monkeypatch.setattr("training.commands.runs._store", lambda args: reader)
+    assert runs_main(["list", "--endpoints", "unused.json"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "uerl runs: listing the runs on the Ray head pod uerl-head-x: uerl runs: --dir "
+        f"{tmp_path / 'not-mounted'}: no such directory"
+    )

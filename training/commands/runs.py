@@ -26,6 +26,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from training.commands.arg_types import run_name
+from training.commands.writable import (
+    OutputRefused,
+    check_room,
+    check_writable_dir,
+    write_failed,
+)
+from training.runstore.location import RUN_NAME_LIMITS
+
 PROG = "uerl runs"
 
 
@@ -45,7 +54,10 @@ def _source(parser: argparse.ArgumentParser, *, local: bool) -> None:
     )
     if local:
         group.add_argument(
-            "--dir", metavar="DIR", type=Path, help="the runs in a directory on this machine"
+            "--dir",
+            metavar="DIR",
+            type=Path,
+            help="the runs in a directory on this machine (it must exist)",
         )
     parser.add_argument(
         "--kubeconfig",
@@ -67,14 +79,20 @@ def build_parser() -> argparse.ArgumentParser:
     _source(listing, local=True)
     listing.add_argument("--json", action="store_true", help="print JSON, a list of runs")
     pull = commands.add_parser("pull", help="bring a run to this machine")
-    pull.add_argument("run", metavar="RUN", help="the run's name (`uerl runs list`)")
+    pull.add_argument(
+        "run",
+        metavar="RUN",
+        type=run_name,
+        help=f"the run's name (`uerl runs list`): {RUN_NAME_LIMITS}",
+    )
     _source(pull, local=False)
     pull.add_argument(
         "--to",
         metavar="DIR",
         type=Path,
         default=Path("runs"),
-        help="where the run goes, as DIR/RUN (default: runs)",
+        help="where the run goes, as DIR/RUN (default: runs): a directory this user can "
+        "write in (made if absent), with room for the run; checked before anything is read",
     )
     pull.add_argument(
         "--latest",
@@ -85,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack = commands.add_parser(
         "pack", help="(for `uerl runs` on the Ray head) a run under --dir as a tar on stdout"
     )
-    pack.add_argument("run", metavar="RUN")
+    pack.add_argument("run", metavar="RUN", type=run_name)
     pack.add_argument("--dir", metavar="DIR", type=Path, required=True)
     pack.add_argument("--latest", action="store_true")
     return parser
@@ -105,7 +123,7 @@ def main(argv: Sequence[str]) -> int:
     except SubmitError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.exit_code
-    except RunStorageError as exc:  # the user's to mend: the field or argument is named
+    except (RunStorageError, OutputRefused) as exc:  # the user's to mend: the field or flag
         print(f"{PROG}: {exc}", file=sys.stderr)
         return BAD_INPUT
     except RunStorageUnavailable as exc:  # the store did not answer: try again
@@ -184,7 +202,12 @@ def table(runs: list[Any]) -> str:
 def _list(args: argparse.Namespace) -> int:
     if args.dir is not None:
         from training.runstore.listing import list_runs
+        from training.runstore.location import RunStorageError
 
+        # A mistyped directory is no empty run storage: "0 run(s)" would say it is.
+        if not args.dir.is_dir():
+            why = "is not a directory" if args.dir.exists() else "no such directory"
+            raise RunStorageError(f"--dir {args.dir}: {why}")
         runs, where = list_runs(args.dir), str(args.dir)
     else:
         store = _store(args)
@@ -200,14 +223,10 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from training.runs.transfer import free_bytes, into_place, mib
-    from training.runstore.location import RUN_NAME, RunStorageError
+    from training.runs.transfer import into_place
+    from training.runstore.location import RunStorageError
 
-    if not RUN_NAME.match(args.run):
-        raise RunStorageError(
-            f"RUN {args.run!r}: a run name is one path segment of letters, digits, '.', '_' "
-            "and '-' (`uerl runs list` shows them)"
-        )
+    check_writable_dir(args.to, "--to")  # before the store: a pull that cannot land costs none
     store = _store(args)
     runs = {run.name: run for run in store.list()}
     if args.run not in runs:
@@ -215,16 +234,20 @@ def _pull(args: argparse.Namespace) -> int:
         raise RunStorageError(f"RUN {args.run!r}: no such run in {store.where} (runs: {known})")
     summary = runs[args.run]
     total = None if args.latest else summary.size
-    if total is not None and free_bytes(args.to) < total:
-        raise RunStorageError(
-            f"--to {args.to}: {mib(free_bytes(args.to))} free, the run is {mib(total)}"
+    if total is not None:
+        hint = "free space there, give another --to, or pull only its latest checkpoint (--latest)"
+        check_room(args.to, "--to", needed=total, needs="the run is", hint=hint)
+    try:
+        target = into_place(
+            args.to,
+            args.run,
+            replace=args.replace,
+            fill=lambda into: store.pull(args.run, into, latest_only=args.latest, total=total),
         )
-    target = into_place(
-        args.to,
-        args.run,
-        replace=args.replace,
-        fill=lambda into: store.pull(args.run, into, latest_only=args.latest, total=total),
-    )
+    except OSError as exc:
+        if exc.errno is None:  # not this machine's disk
+            raise
+        raise write_failed(args.to, "--to", exc) from None
     pointer = target / "checkpoints" / "latest"
     latest = pointer.read_text().strip() if pointer.is_file() else None
     checkpoint = f" (checkpoint {latest})" if latest else ""

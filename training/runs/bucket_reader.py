@@ -124,8 +124,8 @@ class BucketRuns:
                 except FileNotFoundError:  # pruned since it was listed
                     continue
         except OSError as exc:
-            if exc.errno is not None:  # this machine's disk (full, not writable), not the store
-                raise RunStorageError(f"--to: {exc}") from None
+            if exc.errno is not None:  # this machine's disk (full, not writable): the caller's
+                raise
             raise failure(exc, self.location) from None
         if latest is not None:
             (into / pointer).write_text(latest)

@@ -114,7 +114,9 @@ class ClaimRuns:
     def list(self) -> list[RunSummary]:
         out = bytearray()
         result = self._run(["uerl", "runs", "list", "--dir", self.root, "--json"], out.extend)
-        self._check(result, "listing the runs")
+        # Nothing the user typed is in this command: its refusal (the claim not mounted
+        # at root on this head) is a store that cannot be read, as a bucket's outage is.
+        self._check(result, "listing the runs", refused_is_bad_input=False)
         try:
             return [RunSummary.from_json(item) for item in json.loads(bytes(out))]
         except (ValueError, TypeError) as exc:
@@ -174,7 +176,7 @@ class ClaimRuns:
     def _start(self, command: list[str]) -> Any:
         return self._exec(self.head.find(), command)
 
-    def _check(self, result: ExecResult, doing: str) -> None:
+    def _check(self, result: ExecResult, doing: str, *, refused_is_bad_input: bool = True) -> None:
         if result.code == 0:
             return
         said = [line for line in result.stderr.splitlines() if line.strip()]
@@ -193,7 +195,7 @@ class ClaimRuns:
             )
         reason = said[-1] if said else f"exit status {result.code}"
         message = f"{doing} on the Ray head pod {self.head.current}: {reason}"
-        if result.code == 2:  # the command there refused its input (`uerl runs` exits 2)
+        if result.code == 2 and refused_is_bad_input:  # the command refused its input: RUN
             raise RunStorageError(message)
         raise RunStorageUnavailable(message)
 

@@ -4,7 +4,6 @@ transfer says how far it is."""
 from __future__ import annotations
 
 import io
-import shutil
 import sys
 import tarfile
 import time
@@ -121,9 +120,3 @@ def into_place(to: Path, name: str, *, replace: bool, fill: Callable[[Path], Non
         partial.mkdir()
         fill(partial)
     return target
-
-
-def free_bytes(path: Path) -> int:
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
