@@ -289,6 +289,22 @@ def test_resuming_a_truncated_checkpoint_is_one_line_naming_the_file(
 
 
 @pytest.mark.parametrize("command", ["export", "eval"])
+def test_a_damaged_uerl_json_names_the_file_and_the_fields_missing(
+    trained: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    # Before: "<checkpoint> is not a uerl checkpoint (uerl.json: CheckpointMeta.__init__()
+    # missing 2 required positional arguments: ...)": the directory and a class's name.
+    meta = trained / "uerl.json"
+    meta.write_text('{"iteration": 1, "env_runner": "single"}')
+    err = one_line_error(capsys, command, "--checkpoint", str(trained))
+    assert err == (
+        f"uerl {command}: {meta}: missing env_steps_total, algo; env_runner is 'single', not "
+        "single_agent or multi_agent: the checkpoint is damaged; use another one (an earlier "
+        "checkpoint_* beside it)"
+    )
+
+
+@pytest.mark.parametrize("command", ["export", "eval"])
 def test_a_single_agent_checkpoint_without_its_game_says_game_json_is_missing(
     trained: Path, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:

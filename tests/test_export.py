@@ -220,3 +220,115 @@ def test_an_unknown_policy_is_refused_naming_the_known_ones(
     write_checkpoint(tmp_path, game_for("CartPole-v1"))
     with pytest.raises(ExportError, match=r"--policy nope.*\['cartpole'\]"):
         export_checkpoint(tmp_path / "checkpoints", tmp_path / "onnx", policies=["nope"])
+
+
+# ---- `uerl export`: what it is given, checked before the modules load -------------------
+
+
+@pytest.fixture(scope="module")
+def cartpole_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CartPole checkpoint's directory (`<tmp>/checkpoints`), made once."""
+    tmp = tmp_path_factory.mktemp("cartpole-cli")
+    write_checkpoint(tmp, game_for("CartPole-v1"))
+    return tmp / "checkpoints"
+
+
+@pytest.fixture
+def no_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading the modules (6 to 9 s with torch) fails the test: the check came too late."""
+
+    def loaded(path: Path) -> None:
+        raise AssertionError("the modules were loaded before the input was checked")
+
+    monkeypatch.setattr(checkpoints, "load_modules", loaded)
+
+
+def export_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    from training.commands.export import main
+
+    code = main(list(argv))
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_export_out_that_cannot_be_written_is_refused_before_the_modules_load(
+    cartpole_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: the modules loaded, then a FileExistsError traceback.
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for out in (a_file, a_file / "onnx"):
+        code, err = export_cli(capsys, "--checkpoint", str(cartpole_checkpoint), "--out", str(out))
+        assert (code, err) == (2, f"uerl export: --out {out}: {a_file} is not a directory")
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_export_onto_a_full_disk_is_refused_before_the_modules_load(
+    cartpole_checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from training.commands import writable
+
+    usage = writable.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(writable.shutil, "disk_usage", lambda path: usage._replace(free=0))
+    out = tmp_path / "onnx"
+    code, err = export_cli(capsys, "--checkpoint", str(cartpole_checkpoint), "--out", str(out))
+    assert code == 2
+    assert err.startswith(
+        f"uerl export: --out {out}: not enough room: the disk it is on is full, and the ONNX "
+        "files take about "
+    )
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_export_of_a_policy_the_checkpoint_lacks_is_bad_input_refused_before_loading(
+    cartpole_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: exit 1, after the modules loaded.
+    code, err = export_cli(capsys, "--checkpoint", str(cartpole_checkpoint), "--policy", "nosuch")
+    checkpoint = cartpole_checkpoint / "checkpoint_000001"
+    assert (code, err) == (
+        2,
+        f"uerl export: --policy nosuch: not in {checkpoint} (policies: ['cartpole'])",
+    )
+
+
+@pytest.mark.usefixtures("no_loading")
+def test_export_of_a_snapshot_of_a_run_without_snapshots_is_bad_input_refused_before_loading(
+    cartpole_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: exit 1, after the modules loaded.
+    code, err = export_cli(capsys, "--checkpoint", str(cartpole_checkpoint), "--snapshot", "3")
+    checkpoint = cartpole_checkpoint / "checkpoint_000001"
+    assert (code, err) == (
+        2,
+        f"uerl export: --snapshot 3: {checkpoint} holds no snapshots (it was not trained with "
+        "--policies self_play); leave --snapshot out",
+    )
+
+
+def test_a_disk_that_fills_while_exporting_is_one_line_naming_out(
+    cartpole_checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: "policy 'cartpole': torch.onnx.export failed: OSError: [Errno 28] ...", exit 1,
+    # naming no path.
+    import errno
+
+    import torch
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch.onnx, "export", full)
+    out = tmp_path / "onnx"
+    code, err = export_cli(capsys, "--checkpoint", str(cartpole_checkpoint), "--out", str(out))
+    assert (code, err) == (
+        2,
+        f"uerl export: --out {out}: cannot write there: the disk it is on is full "
+        "(No space left on device)",
+    )

@@ -1,6 +1,8 @@
 """`uerl export`: one ONNX file per policy of a checkpoint, in Schola's inference interface.
 
-Exit status: 0 written and verified, 1 export or verification failed, 2 bad input.
+Exit status: 0 written and verified, 1 export or verification failed, 2 bad input (the
+checkpoint, --policy or --snapshot it does not hold, an --out that cannot take the files),
+each checked before the modules load.
 """
 
 from __future__ import annotations
@@ -11,6 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from training.commands.arg_types import non_negative_int, positive_int
+from training.commands.writable import (
+    OutputRefused,
+    check_room,
+    check_writable_dir,
+    write_failed,
+)
 
 PROG = "uerl export"
 
@@ -30,17 +38,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="a checkpoint, or a checkpoint directory (its newest checkpoint)",
     )
     parser.add_argument(
-        "--out", type=Path, metavar="DIR", help="where to write (default <checkpoint>/onnx)"
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="where to write (default <checkpoint>/onnx): a directory this user can write "
+        "in (made if absent), with room for the files; checked before the modules load",
     )
     parser.add_argument(
-        "--policy", action="append", metavar="ID", help="only this policy (repeatable)"
+        "--policy",
+        action="append",
+        metavar="ID",
+        help="only this policy of the checkpoint (repeatable; an unknown one is refused "
+        "naming those it holds)",
     )
     parser.add_argument(
         "--snapshot",
         action="append",
         type=non_negative_int,
         metavar="N",
-        help="self-play checkpoints: also export snapshot N of the learner (repeatable)",
+        help="self-play checkpoints only: also export snapshot N of the learner "
+        "(repeatable; one the league does not hold is refused naming those it does)",
     )
     parser.add_argument(
         "--samples",
@@ -53,21 +70,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    from training.export.exporter import export_checkpoint, listing
+    from training.export.exporter import (
+        ExportRequestError,
+        chosen_policies,
+        expected_size,
+        export_checkpoint,
+        listing,
+    )
     from training.export.interface import ExportError
     from training.run.checkpoints import CheckpointError, check_loadable, resolve_checkpoint
 
+    # Everything the user gave, checked before the modules load (seconds, with torch).
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)
-        check_loadable(checkpoint, flag="--checkpoint")
-    except CheckpointError as exc:
+        out = args.out or checkpoint / "onnx"
+        what = "--out" if args.out else "the ONNX files (default: in the checkpoint; --out)"
+        check_writable_dir(out, what)
+        chosen = chosen_policies(checkpoint, policies=args.policy, snapshots=args.snapshot)
+        needed = expected_size(checkpoint, chosen)
+        check_room(out, what, needed=needed, needs="the ONNX files take about")
+        check_loadable(checkpoint, flag="--checkpoint")  # unpickles the modules' state
+    except (CheckpointError, ExportRequestError, OutputRefused) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    out = args.out or checkpoint / "onnx"
     try:
         exported = export_checkpoint(
             checkpoint, out, policies=args.policy, snapshots=args.snapshot, samples=args.samples
         )
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        print(f"{PROG}: {write_failed(out, what, exc)}", file=sys.stderr)
+        return 2
+    except ExportRequestError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     except (ExportError, CheckpointError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1

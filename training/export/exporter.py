@@ -123,15 +123,59 @@ def export_modules(
     return exported
 
 
+class ExportRequestError(ExportError):
+    """What was asked of the checkpoint (--policy, --snapshot) is not in it: bad input."""
+
+
 def _snapshot_slots(league: League, numbers: list[int], path: Path) -> list[str]:
     slots = []
     for number in numbers:
         slot = league.slot_of(number)
         if slot is None:
             held = sorted(snap.number for snap in league.slots.values())
-            raise ExportError(f"--snapshot {number}: not in {path} (snapshots held: {held})")
+            raise ExportRequestError(
+                f"--snapshot {number}: not in {path} (snapshots held: {held or 'none yet'})"
+            )
         slots.append(slot)
     return slots
+
+
+def chosen_policies(
+    path: Path, *, policies: list[str] | None = None, snapshots: list[int] | None = None
+) -> list[str] | None:
+    """The policies to export (None: all), from the checkpoint's files alone, before its
+    modules load; an ExportRequestError naming the flag for one it does not hold."""
+    league = checkpoints.read_league(path)
+    if league is not None:
+        # Self-play: the learning policy, and the snapshots asked for by number.
+        policies = [*(policies or [LEARNER]), *_snapshot_slots(league, snapshots or [], path)]
+    elif snapshots:
+        raise ExportRequestError(
+            f"--snapshot {snapshots[0]}: {path} holds no snapshots (it was not trained with "
+            "--policies self_play); leave --snapshot out"
+        )
+    if policies:
+        held = checkpoints.policy_ids(path)
+        unknown = sorted(set(policies) - set(held))
+        if unknown:
+            raise ExportRequestError(
+                f"--policy {', '.join(unknown)}: not in {path} (policies: {held})"
+            )
+    return policies
+
+
+def expected_size(path: Path, policies: list[str] | None) -> int:
+    """About the bytes the ONNX files of `policies` (None: all) take: their weights, which
+    each file holds as the module's state does (float32)."""
+    modules_dir = path / checkpoints.MODULES_SUBDIR
+    wanted = None if policies is None else set(policies)
+    if wanted is not None and checkpoints.read_meta(path).env_runner == "single_agent":
+        wanted.add(checkpoints.SINGLE_AGENT_MODULE)  # stored under RLlib's name
+    return sum(
+        state.stat().st_size
+        for state in modules_dir.glob("*/module_state.pkl")
+        if wanted is None or state.parent.name in wanted
+    )
 
 
 def export_checkpoint(
@@ -144,20 +188,10 @@ def export_checkpoint(
 ) -> list[ExportedPolicy]:
     path = checkpoints.resolve_checkpoint(checkpoint)
     meta = checkpoints.read_meta(path)
+    chosen = chosen_policies(path, policies=policies, snapshots=snapshots)
     modules = checkpoints.load_modules(path)
     interfaces = interfaces_for(path, modules)
-    league = checkpoints.read_league(path)
-    if league is not None:
-        # Self-play: the learning policy, and the snapshots asked for by number.
-        policies = [*(policies or [LEARNER]), *_snapshot_slots(league, snapshots or [], path)]
-    elif snapshots:
-        raise ExportError(f"--snapshot: {path} was not trained with --policies self_play")
-    if policies:
-        unknown = sorted(set(policies) - set(interfaces))
-        if unknown:
-            raise ExportError(
-                f"--policy {', '.join(unknown)}: not in {path} (policies: {sorted(interfaces)})"
-            )
-        interfaces = {p: interfaces[p] for p in policies}
+    if chosen:
+        interfaces = {p: interfaces[p] for p in chosen}
     settings = ActionSettings(meta.normalize_actions, meta.clip_actions)
     return export_modules(modules, interfaces, settings, out_dir, samples=samples)

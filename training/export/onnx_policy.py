@@ -150,6 +150,12 @@ def export_policy(
                 dynamic_shapes=(tuple({0: batch} for _ in interface.inputs),),
                 verbose=False,
             )
+        except OSError as exc:
+            if exc.errno is None:
+                raise ExportError(
+                    f"policy {interface.policy_id!r}: torch.onnx.export failed: OSError: {exc}"
+                ) from exc
+            raise  # writing the file (a full disk): the caller names its --out
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise ExportError(

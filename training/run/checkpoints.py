@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -30,6 +30,8 @@ GAME = "game.json"
 LEAGUE = "league.json"
 # Where RLlib keeps the trained modules inside an algorithm checkpoint.
 MODULES_SUBDIR = Path("learner_group") / "learner" / "rl_module"
+# A single-agent run's one module (ray.rllib.core.DEFAULT_MODULE_ID, without importing RLlib).
+SINGLE_AGENT_MODULE = "default_policy"
 
 
 class CheckpointError(ValueError):
@@ -84,11 +86,52 @@ def save(
     return path
 
 
+# What each field of META holds, as a check and in words for the error.
+_META_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "iteration": (lambda v: type(v) is int and v >= 0, "a whole number"),
+    "env_steps_total": (lambda v: type(v) is int and v >= 0, "a whole number"),
+    "algo": (lambda v: isinstance(v, str) and bool(v), "an algorithm's name"),
+    "normalize_actions": (lambda v: type(v) is bool, "true or false"),
+    "clip_actions": (lambda v: type(v) is bool, "true or false"),
+    "env_runner": (lambda v: v in ("single_agent", "multi_agent"), "single_agent or multi_agent"),
+}
+DAMAGED = "the checkpoint is damaged; use another one (an earlier checkpoint_* beside it)"
+
+
 def read_meta(path: Path) -> CheckpointMeta:
+    """The checkpoint's META; a CheckpointError naming the file and, for a damaged one,
+    each field that is missing, unknown or of the wrong kind."""
+    file = path / META
     try:
-        return CheckpointMeta(**json.loads((path / META).read_text()))
-    except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"{path} is not a uerl checkpoint ({META}: {exc})") from None
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is not a uerl checkpoint ({META}: no such file)") from None
+    except OSError as exc:
+        raise CheckpointError(f"{file} cannot be read ({exc.strerror})") from None
+    except ValueError as exc:  # JSON, or text that is not UTF-8
+        raise CheckpointError(f"{file} is not JSON ({exc}): {DAMAGED}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} holds no JSON object: {DAMAGED}")
+    defaults = {f.name: f.default for f in fields(CheckpointMeta)}
+    problems = []
+    missing = [
+        name for name, default in defaults.items() if default is MISSING and name not in data
+    ]
+    if missing:
+        problems.append("missing " + ", ".join(missing))
+    problems += [
+        f"{name} is {value!r}, not {_META_KINDS[name][1]}"
+        for name, value in data.items()
+        if name in _META_KINDS and not _META_KINDS[name][0](value)
+    ]
+    if problems:
+        raise CheckpointError(f"{file}: {'; '.join(problems)}: {DAMAGED}")
+    unknown = sorted(set(data) - set(defaults))
+    if unknown:  # a newer uerl's field may change what the checkpoint means: not ignored
+        raise CheckpointError(
+            f"{file}: unknown field(s) {', '.join(unknown)}: written by a newer uerl? Use it"
+        )
+    return CheckpointMeta(**data)
 
 
 def resolve(resume: str, checkpoint_dir: Path, *, flag: str = "--resume") -> Path:
@@ -164,6 +207,19 @@ def load_modules(path: Path) -> Any:
     return modules
 
 
+def policy_ids(path: Path) -> list[str]:
+    """The policies `load_modules` will give, read from the checkpoint's layout (one
+    directory per module) without loading them: what a command asked of the checkpoint
+    is checked in a moment, not after the modules load."""
+    modules_dir = path / MODULES_SUBDIR
+    if not modules_dir.is_dir():
+        return []
+    found = sorted(d.name for d in modules_dir.iterdir() if d.is_dir())
+    if read_meta(path).env_runner == "single_agent" and SINGLE_AGENT_MODULE in found:
+        found = sorted({*found, single_agent_policy(path)} - {SINGLE_AGENT_MODULE})
+    return found
+
+
 def single_agent_policy(path: Path) -> str:
     """The game's policy a single-agent checkpoint's one module (`default_policy`) is."""
     game = read_game(path)
@@ -203,8 +259,7 @@ def check_pickles(directory: Path, *, flag: str = "") -> None:
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
             prefix = f"{flag}: " if flag else ""
             raise CheckpointError(
-                f"{prefix}{file} cannot be loaded ({reason}): the checkpoint is damaged; "
-                "use another one (an earlier checkpoint_* beside it)"
+                f"{prefix}{file} cannot be loaded ({reason}): {DAMAGED}"
             ) from None
 
 
