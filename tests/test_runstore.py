@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import fake_bucket
 import pytest
@@ -551,3 +553,56 @@ def test_a_claim_that_does_not_answer_is_worth_retrying_not_bad_input(
     with pytest.raises(Exception, match=r"^endpoints runs\.uri .*does not answer") as raised:
         check_room(tmp_path)
     assert type(raised.value).__name__ == "RunStorageUnavailable"
+
+
+def test_train_exits_1_when_the_claims_mount_does_not_answer_at_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As a bucket that does not answer (exit 1, retried by a supervisor). Before: the
+    # mount's EIO out of `is_dir()` ended `uerl train` in a traceback.
+    from training.commands import train
+
+    claim = tmp_path / "claim"
+    is_dir = Path.is_dir
+
+    def lost_server(self: Path) -> bool:
+        if self == claim:
+            raise OSError(5, "Input/output error")
+        return is_dir(self)
+
+    monkeypatch.setattr(Path, "is_dir", lost_server)
+    endpoints = tmp_path / "endpoints.json"
+    runs = RunStorage(uri=f"file://{claim}")
+    endpoints.write_text(Topology().endpoints().model_copy(update={"runs": runs}).to_json())
+    assert train.main(["--endpoints", str(endpoints), "--run-name", RUN]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        f"uerl train: endpoints runs.uri (topology runs): {claim} does not answer"
+    )
+
+
+def test_a_start_that_fails_leaves_nothing_of_a_new_run_in_the_bucket(
+    tmp_path: Path, bucket: FakeBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the start's Ray log was stored, so `uerl runs list` showed run r, and
+    # `--run-name r` again was refused ("holds a run already").
+    from training.commands import train
+    from training.run import outcome
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the staging directory's root
+
+    def fails_at_preflight(endpoints: object, options: Any, *, store: Any, **kwargs: object) -> int:
+        log = options.run_dir / "logs" / "ray.log"
+        log.parent.mkdir(parents=True)
+        log.write_text("connecting\n")
+        store()  # as the driver does on its way out
+        deadline = time.monotonic() + 30
+        while key("logs/ray.log") not in bucket.objects and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert key("logs/ray.log") in bucket.objects  # stored, as it was before the fix
+        return 1
+
+    monkeypatch.setattr(outcome, "train_and_report", fails_at_preflight)
+    assert train.main(["--endpoints", str(bucket_endpoints(tmp_path)), "--run-name", RUN]) == 1
+    assert [k for k in bucket.objects if k.startswith(f"b/p/{RUN}/")] == []
+    assert not (tmp_path / "uerl-runs" / RUN).exists()

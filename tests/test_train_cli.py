@@ -203,3 +203,99 @@ def test_a_crash_in_native_code_prints_where_every_thread_was() -> None:
     assert proc.returncode == -11
     assert "Fatal Python error: Segmentation fault" in proc.stderr
     assert 'File "<string>", line 4' in proc.stderr
+
+
+# ---- the run's name and its place in the run storage ---------------------------------
+
+
+def claim_endpoints(tmp_path: Path) -> Path:
+    """Endpoints whose runs claim is `tmp_path/claim` (here, as the head mounts it)."""
+    from infra.endpoints import RunStorage
+
+    (tmp_path / "claim").mkdir()
+    runs = RunStorage(uri=f"file://{tmp_path / 'claim'}")
+    path = tmp_path / "endpoints.json"
+    path.write_text(Topology().endpoints().model_copy(update={"runs": runs}).to_json())
+    return path
+
+
+def test_an_empty_run_name_is_refused_not_replaced_by_a_timestamp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: `--run-name ''` ran as <cluster>-<time>; `uerl supervise` refused it.
+    from training.commands import train
+
+    with pytest.raises(SystemExit) as exited:
+        train.main(["--endpoints", str(claim_endpoints(tmp_path)), "--run-name", ""])
+    assert exited.value.code == 2
+    assert "argument --run-name: '': a run name is 1 to 100 letters" in capsys.readouterr().err
+    assert list((tmp_path / "claim").iterdir()) == []
+
+
+def test_resume_auto_with_nothing_stored_says_a_new_run_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.commands import train
+
+    monkeypatch.setattr("training.run.outcome.train_and_report", lambda *a, **k: 0)
+    endpoints = claim_endpoints(tmp_path)
+    assert train.main(["--endpoints", str(endpoints), "--run-name", "r1", "--resume", "auto"]) == 0
+    checkpoints = tmp_path / "claim" / "r1" / "checkpoints"
+    assert f"--resume auto: no checkpoint in {checkpoints} yet: a new run starts" in (
+        capsys.readouterr().out.splitlines()
+    )
+
+
+def _fails_at_preflight(endpoints: object, options: object, **kwargs: object) -> int:
+    """What a start refused by the games or by Ray leaves: Ray's log, no iteration."""
+    log = options.run_dir / "logs" / "ray.log"  # type: ignore[attr-defined]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    print("uerl train: Ray GCS 127.0.0.2:1 is unreachable within 2s", file=sys.stderr)
+    return 1
+
+
+def test_a_start_that_fails_leaves_no_run_in_the_storage_and_frees_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: claim/r1 with logs/ray.log stayed: `uerl runs list` showed run r1, and
+    # `--run-name r1` again was refused ("holds a run already").
+    from training.commands import train
+    from training.commands.runs import main as runs_main
+
+    monkeypatch.setattr("training.run.outcome.train_and_report", _fails_at_preflight)
+    endpoints = str(claim_endpoints(tmp_path))
+    for _ in range(2):  # the second start, under the same name, is not refused
+        assert train.main(["--endpoints", endpoints, "--run-name", "r1"]) == 1
+        assert "holds a run already" not in capsys.readouterr().err
+        assert list((tmp_path / "claim").iterdir()) == []
+    assert runs_main(["list", "--dir", str(tmp_path / "claim")]) == 0
+    assert capsys.readouterr().err.strip() == f"0 run(s) in {tmp_path / 'claim'}"
+
+
+def test_a_start_refused_after_the_storage_was_opened_leaves_no_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: an empty claim/r1 stayed (the lease's directory), listed as a run.
+    from training.commands import train
+
+    endpoints = str(claim_endpoints(tmp_path))
+    assert train.main(["--endpoints", endpoints, "--run-name", "r1", "--resume", "latest"]) == 2
+    assert "--resume: no checkpoint in" in capsys.readouterr().err
+    assert list((tmp_path / "claim").iterdir()) == []
+
+
+def test_a_start_that_fails_removes_the_run_dir_it_made_and_keeps_one_made_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.commands import train
+
+    monkeypatch.setattr("training.run.outcome.train_and_report", _fails_at_preflight)
+    endpoints = str(claim_endpoints(tmp_path))
+    made, mine = tmp_path / "new-run", tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert train.main(["--endpoints", endpoints, "--run-dir", str(made)]) == 1
+    assert train.main(["--endpoints", endpoints, "--run-dir", str(mine)]) == 1
+    assert not made.exists()
+    assert (mine / "notes.txt").read_text() == "mine"

@@ -8,8 +8,10 @@ by Ctrl-C/SIGTERM (after a final checkpoint).
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from infra.endpoints import Endpoints, EndpointsError
 from training.commands.training_options import (
@@ -87,23 +89,23 @@ def main(argv: Sequence[str]) -> int:
             name=endpoints.cluster_name,
             extra={"ray_address": args.ray_address, "endpoints_file": source},
             stored_run_dir=stored.run_dir if stored is not None else None,
+            say=_say,
         )
         check_before_start(options, num_learners=endpoints.num_learners)
         if stored is not None:
             stored.begin(resumed=options.resume is not None)
         _record_attempt(options)
     except (EndpointsError, HyperparameterError, CheckpointError, ValueError) as exc:
-        if stored is not None:
-            stored.close()
+        _refused(stored)
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     except RunStorageUnavailable as exc:  # a store down past the wait: try again later
-        if stored is not None:
-            stored.close()
+        _refused(stored)
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     from training.run.outcome import train_and_report
 
+    made = not options.run_dir.exists()  # by this start (the store's: `stored.fresh`)
     try:
         with StopRequest() as stop:
             code = train_and_report(
@@ -117,7 +119,40 @@ def main(argv: Sequence[str]) -> int:
         if stored is not None:
             stored.close()
         raise
+    if code != 0 and _recorded_nothing(options.run_dir):
+        if stored is not None and stored.fresh and not _supervised():
+            stored.discard()
+            return code
+        if stored is None and made:
+            shutil.rmtree(options.run_dir, ignore_errors=True)
     return ended(code, stored)
+
+
+def _supervised() -> bool:
+    """An attempt of `uerl supervise`, which keeps the run's record across attempts."""
+    from training.runstore import attempts
+
+    return attempts.from_environment() is not None
+
+
+def _refused(stored: StoredRun | None) -> None:
+    """The run's storage after a start refused before training: a run this start began
+    leaves nothing (`uerl runs list` would show it, and its name would be taken)."""
+    if stored is None:
+        return
+    if stored.fresh and not _supervised():
+        stored.discard()
+    else:
+        stored.close()
+
+
+def _recorded_nothing(run_dir: Path) -> bool:
+    """The run wrote no iteration's row (so no checkpoint either) and no traceback its
+    failure's message names: what is there is the start's logs only."""
+    from training.run.driver import CSV_NAME
+    from training.run.outcome import TRACEBACK_NAME
+
+    return not (run_dir / CSV_NAME).exists() and not (run_dir / TRACEBACK_NAME).exists()
 
 
 def ended(code: int, stored: StoredRun | None) -> int:

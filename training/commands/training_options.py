@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from training.commands.arg_types import (
     positive_float,
     positive_int,
     probability,
+    run_name,
 )
 from training.commands.writable import check_writable_dir
 from training.policies.configurations import (
@@ -24,7 +26,7 @@ from training.policies.self_play import MAX_WINDOW, SelfPlaySettings
 from training.rllib import hparams as hp
 from training.run import checkpoints
 from training.run.options import DEFAULT_ITERATIONS, TrainOptions
-from training.runstore.location import check_run_name, default_run_name
+from training.runstore.location import RUN_NAME_LIMITS, check_run_name, default_run_name
 
 # --resume auto: the newest checkpoint if there is one, else a new run.
 AUTO = "auto"
@@ -71,8 +73,9 @@ def _add_output_args(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--run-name",
         metavar="NAME",
-        help="the run's directory in the run storage (default <cluster name>-<time>); "
-        "with --resume latest, the run to continue",
+        type=run_name,
+        help=f"the run's directory in the run storage (default <cluster name>-<time>): "
+        f"{RUN_NAME_LIMITS}; with --resume latest, the run to continue",
     )
     group.add_argument(
         "--checkpoint-dir", type=Path, help="checkpoints (default <run-dir>/checkpoints)"
@@ -262,7 +265,8 @@ def run_name_from_args(args: argparse.Namespace, *, name: str) -> str:
     """--run-name, else `<name>-<time>`; refused with --run-dir (which places the run)."""
     if args.run_name is not None and args.run_dir is not None:
         raise ValueError("--run-name names a run in the run storage: give it or --run-dir")
-    return check_run_name(args.run_name or default_run_name(name))
+    # An empty --run-name is refused by its type, never replaced by the default.
+    return check_run_name(default_run_name(name) if args.run_name is None else args.run_name)
 
 
 def options_from_args(
@@ -271,15 +275,19 @@ def options_from_args(
     name: str,
     extra: dict[str, Any] | None = None,
     stored_run_dir: Path | None = None,
+    say: Callable[[str], None] = print,
 ) -> TrainOptions:
     """`stored_run_dir`: the run's directory in the stack's run storage, unless --run-dir
-    says otherwise; None: runs/<run name> here."""
+    says otherwise; None: runs/<run name> here. `say`: where a choice made for the user
+    (--resume auto starting a new run) is said."""
     run_dir = args.run_dir or stored_run_dir or Path("runs") / run_name_from_args(args, name=name)
     checkpoint_dir = args.checkpoint_dir or run_dir / "checkpoints"
     resume = args.resume
     if resume == AUTO:
         has_one = (checkpoint_dir / checkpoints.LATEST).is_file()
         resume = checkpoints.LATEST if has_one else None
+        if not has_one:  # said: a mistyped --run-name would otherwise start over quietly
+            say(f"--resume auto: no checkpoint in {checkpoint_dir} yet: a new run starts")
     if resume is not None:  # fail before starting anything
         resumed = checkpoints.resolve(resume, checkpoint_dir)
         checkpoints.read_meta(resumed)

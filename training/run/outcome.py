@@ -14,6 +14,9 @@ from infra.endpoints import Endpoints
 from training.run.driver import TrainOptions, TrainResult, run_training
 from training.run.stop import StopRequest
 
+# Where a failure that is no user error leaves its traceback (its message names it).
+TRACEBACK_NAME = "traceback.txt"
+
 
 def train_and_report(
     endpoints: Endpoints,
@@ -34,7 +37,7 @@ def train_and_report(
         return 130
     except Exception as exc:
         print(
-            f"{prog}: {describe(exc, traceback_file=options.run_dir / 'traceback.txt')}",
+            f"{prog}: {describe(exc, traceback_file=options.run_dir / TRACEBACK_NAME)}",
             file=sys.stderr,
         )
         return 1

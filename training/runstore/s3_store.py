@@ -374,6 +374,7 @@ class Mirror:
         self._retention_lock = threading.Lock()
         self._wanted = threading.Event()
         self._closing = threading.Event()
+        self._abandoned = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
         self._down_since: float | None = None
@@ -404,6 +405,22 @@ class Mirror:
             )
         return not pending
 
+    def abandon(self, timeout_s: float | None = None) -> None:
+        """Stops without a last upload and deletes what it stored: a run whose start
+        failed before it recorded anything leaves nothing in the bucket
+        (StoredRun.discard). A delete that fails is said; the object stays."""
+        self._abandoned.set()
+        self._wanted.set()
+        self._thread.join(CLOSE_TIMEOUT_S if timeout_s is None else timeout_s)
+        if self._s3 is None:
+            return  # nothing was uploaded
+        for relative in sorted(self._uploaded):
+            try:
+                self._s3.delete_file(self.location.key(self.run_name, relative))
+            except OSError as exc:
+                self.log(f"run storage: {self.location.uri(self.run_name, relative)} stays: {exc}")
+        self._uploaded.clear()
+
     def wait_idle(self, timeout_s: float) -> bool:
         """Until what was asked is stored (tests, benchmarks)."""
         return self._idle.wait(timeout_s)
@@ -428,6 +445,8 @@ class Mirror:
         while True:
             self._wanted.wait(timeout=None if not self._closing.is_set() else 0)
             self._wanted.clear()
+            if self._abandoned.is_set():
+                return
             try:
                 self._upload_changed()
             except Exception as exc:

@@ -6,6 +6,7 @@ space said."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -53,6 +54,9 @@ class StoredRun:
     lease: Lease | None = None  # this writer's, while the run goes on
     keep_checkpoints: int | None = None  # endpoints runs.keep_checkpoints; None: all
     log: Log = print
+    # The store held nothing of the run before this start: a start that fails before
+    # the run records anything may take back what it wrote (`discard`).
+    fresh: bool = False
     _running_low: bool = field(default=False, init=False, repr=False)  # said already
 
     def sync(self) -> None:
@@ -95,6 +99,26 @@ class StoredRun:
             stored = stored and self.lease.lost is None
         return stored
 
+    def discard(self) -> None:
+        """Ends a fresh run whose start failed before it recorded anything: what the
+        start wrote (its logs) is removed, from the bucket too, while the lease is held;
+        then the lease is released and the directory removed, so no run is listed under
+        the name and the name can be given again."""
+        assert self.fresh, "only a run this start began"
+        if self.mirror is not None:
+            self.mirror.abandon()
+        for entry in list(self.run_dir.iterdir()) if self.run_dir.is_dir() else []:
+            if entry.name == LEASE:
+                continue  # the claim's lease: released below, if still this writer's
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        if self.lease is not None:
+            self.lease.release()
+        with contextlib.suppress(OSError):  # not empty: another writer took the name since
+            self.run_dir.rmdir()
+
     def begin(self, *, resumed: bool) -> None:
         """Before the run's first iteration. Not resumed from a checkpoint, it plots its
         steps from the first again: an earlier attempt's curves (a head lost before the
@@ -132,12 +156,18 @@ def open_stored_run(
         root = Path(runs.uri.removeprefix("file://"))
         check_room(root)
         run_dir = root / run_name
-        if resume is None and _holds_a_run(run_dir):
+        held = _holds_a_run(run_dir)
+        if resume is None and held:
             _refuse_used_name(run_name, str(run_dir))
         lease = Lease(FileLease(run_dir), f"--run-name {run_name}", log)
         _take(lease, run_dir, resume=resume)
         return StoredRun(
-            run_dir, str(run_dir), lease=lease, keep_checkpoints=runs.keep_checkpoints, log=log
+            run_dir,
+            str(run_dir),
+            lease=lease,
+            keep_checkpoints=runs.keep_checkpoints,
+            log=log,
+            fresh=not held,
         )
     location = S3Location.of(runs)
     check(location, run_name, log)
@@ -172,6 +202,7 @@ def open_stored_run(
         lease=lease,
         keep_checkpoints=runs.keep_checkpoints,
         log=log,
+        fresh=not set(stored) - {LEASE},
     )
 
 
