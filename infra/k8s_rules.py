@@ -184,8 +184,8 @@ def label_key(key: str, what: str = "a label key") -> str:
     """A label or annotation key: an optional DNS subdomain and '/', then a qualified name
     (IsQualifiedName)."""
     prefix, slash, name = key.rpartition("/")
-    reason = None
-    if slash:
+    reason = "it has more than one '/'" if prefix.count("/") else None
+    if slash and reason is None:
         prefix_reason = _subdomain_reason(prefix)
         if prefix_reason is not None:
             reason = f"its prefix {prefix!r}: {prefix_reason}"
