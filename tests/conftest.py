@@ -156,6 +156,7 @@ LONGEST_FIRST = (
     "test_controlplane.py",
     "test_security_tier.py",
     "test_stack_changes.py",
+    "test_render_dry_run.py",
     "test_pulumi_up.py",
     "test_run_storage.py",
     "test_images.py",

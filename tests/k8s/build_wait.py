@@ -33,6 +33,7 @@ MODULE_NEEDS: dict[str, tuple[str, ...] | None] = {
     "test_controlplane.py": CONTROL_PLANE,
     "test_security_tier.py": CONTROL_PLANE,
     "test_stack_changes.py": CONTROL_PLANE,
+    "test_render_dry_run.py": CONTROL_PLANE,
     "test_pulumi_up.py": CONTROL_PLANE + PULUMI,
     "test_run_storage.py": ("seaweedfs",),
     "test_images.py": WHOLE_BUILD,
