@@ -642,6 +642,17 @@ def test_uerl_render_refuses_a_bad_value_with_one_line_and_exit_2(
     assert "topology.workers.node_selector.pool: 'gpu pool' is not a label value" in err
 
 
+def test_pulumi_preview_refuses_the_same_values_with_one_run_error_creating_nothing() -> None:
+    from infra_fixtures import run_program
+
+    report = run_program("topology.name=9lives", "topology.ray.image=uerl/Ray:1")
+    assert report["error"]["type"] == "RunError" and report["resources"] == []
+    lines = report["error"]["message"].splitlines()
+    assert lines[0] == "invalid topology (2 errors):"
+    assert lines[1].strip().startswith("topology.name: '9lives' is not a topology name")
+    assert lines[2].strip().startswith("topology.ray.image: 'uerl/Ray:1' is not an image")
+
+
 def test_the_pod_schema_is_the_raycluster_crds_own() -> None:
     from infra import k8s_rules
 
