@@ -123,7 +123,7 @@ def why_not_host_label(value: str) -> str:
 
 def dns1123_label(value: str, kind: str, *, max_len: int = LABEL_MAX) -> str:
     """An object name that must be a DNS-1123 label (a namespace's)."""
-    reason = _label_reason(value, max_len=max_len)
+    reason = _label_reason(value, max_len=max_len) or _unless(DNS1123_LABEL, value)
     if reason is not None:
         raise Invalid(
             (),
@@ -136,6 +136,7 @@ def dns1123_label(value: str, kind: str, *, max_len: int = LABEL_MAX) -> str:
 def dns1035_label(value: str, kind: str, *, max_len: int = LABEL_MAX) -> str:
     """A name that must be a DNS-1035 label: a Service's, which also starts with a letter."""
     reason = _label_reason(value, max_len=max_len, letter_first=True)
+    reason = reason or _unless(DNS1035_LABEL, value)
     if reason is not None:
         raise Invalid(
             (),
@@ -163,7 +164,7 @@ def _subdomain_reason(value: str) -> str | None:
 
 def dns1123_subdomain(value: str, kind: str) -> str:
     """An object name that must be a DNS-1123 subdomain (most kinds' names)."""
-    reason = _subdomain_reason(value)
+    reason = _subdomain_reason(value) or _unless(DNS1123_SUBDOMAIN, value)
     if reason is not None:
         raise Invalid(
             (),
@@ -177,7 +178,13 @@ def _qualified_reason(name: str) -> str | None:
     return _why_not(
         name, max_len=LABEL_MAX, chars=_LETTERS_DIGITS | set("-_."), first=_LETTERS_DIGITS,
         last=_LETTERS_DIGITS,
-    )  # fmt: skip
+    ) or _unless(QUALIFIED_NAME, name)  # fmt: skip
+
+
+def _unless(rule: re.Pattern[str], value: str) -> str | None:
+    """The rule itself, behind the reasons in words: should they miss a case, the value is
+    still refused."""
+    return None if rule.fullmatch(value) else "it breaks Kubernetes' rule for it"
 
 
 def label_key(key: str, what: str = "a label key") -> str:
@@ -255,7 +262,7 @@ def image_reference(value: str) -> str:
         raise refuse("it is empty")
     if any(c.isspace() for c in value):
         raise refuse("it contains whitespace")
-    if _IDENTIFIER.match(value):
+    if _IDENTIFIER.fullmatch(value):
         raise refuse("a bare 64-hex-digit id names no repository")
     rest, at, digest = value.partition("@")
     if at:
@@ -268,7 +275,7 @@ def image_reference(value: str) -> str:
     name, tag = rest, None
     if rest.rfind(":") > rest.rfind("/"):
         name, _, tag = rest.rpartition(":")
-    if tag is not None and not _TAG.match(tag):
+    if tag is not None and not _TAG.fullmatch(tag):
         raise refuse(
             f"tag {tag!r}: at most 128 letters, digits, '_', '.' and '-', not starting with "
             "'.' or '-'"
@@ -277,7 +284,7 @@ def image_reference(value: str) -> str:
     # Docker's rule: the first part names a registry if it has '.' or ':', is localhost, or
     # has upper-case letters (no repository has).
     if slash and ("." in first or ":" in first or first == "localhost" or first.lower() != first):
-        if not _DOMAIN.match(first):
+        if not _DOMAIN.fullmatch(first):
             raise refuse(f"registry {first!r} is not a host name or [IPv6] with an optional port")
         path = remainder
     else:
@@ -289,7 +296,7 @@ def image_reference(value: str) -> str:
     if len(path) > REPOSITORY_MAX:
         raise refuse(f"the repository name is {len(path)} characters long, more than 255")
     for component in path.split("/"):
-        if not _PATH_COMPONENT.match(component):
+        if not _PATH_COMPONENT.fullmatch(component):
             raise refuse(
                 f"{component!r} is not a repository path component (lower-case letters and "
                 "digits, separated by one '.', one or two '_', or '-'s)"
@@ -472,7 +479,7 @@ def _node_selector_term(term: Mapping[str, Any], where: Where) -> None:
         for number, value in enumerate(values):
             located((*at, "values", number), label_value, value)
         # The scheduler reads a Gt/Lt value as an integer; a pod with another never runs.
-        if operator in ("Gt", "Lt") and not _INTEGER.match(values[0]):
+        if operator in ("Gt", "Lt") and not _INTEGER.fullmatch(values[0]):
             raise Invalid((*at, "values", 0), f"{values[0]!r}: {operator} compares integers")
     for index, requirement in enumerate(term.get("matchFields", [])):
         at = (*where, "matchFields", index)

@@ -154,7 +154,7 @@ class _Spec(BaseModel):
 
 
 def _quantity(value: str) -> str:
-    match = QUANTITY.match(value)
+    match = QUANTITY.fullmatch(value)
     if not match:
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 512Mi, 4Gi, 500m, 2)")
     if float(match.group(1)) == 0:  # every quantity here is a size a container needs
@@ -166,7 +166,7 @@ Quantity = Annotated[str, BeforeValidator(_config_text), AfterValidator(_quantit
 
 
 def _resource_name(value: str) -> str:
-    if not RESOURCE_NAME.match(value) or value in ("CPU", "GPU", "memory"):
+    if not RESOURCE_NAME.fullmatch(value) or value in ("CPU", "GPU", "memory"):
         raise ValueError(
             f"{value!r} is not a usable Ray custom resource name "
             "(letters, digits and '_', not starting with a digit, not CPU/GPU/memory)"
@@ -179,7 +179,7 @@ ResourceName = Annotated[str, BeforeValidator(_config_text), AfterValidator(_res
 
 def quantity_value(value: str) -> float:
     """A valid quantity's amount in its unit: "4Gi" -> 4294967296.0, "1e3" -> 1000.0."""
-    match = QUANTITY.match(value)
+    match = QUANTITY.fullmatch(value)
     if match is None:
         raise ValueError(f"{value!r} is not a Kubernetes quantity")
     number, suffix = float(match.group(1)), match.group(3) or ""
@@ -217,11 +217,11 @@ def _extended_resource(value: str) -> str:
     if (
         not name
         or len(domain) > 253
-        or not DNS1123_SUBDOMAIN.match(domain)
+        or not DNS1123_SUBDOMAIN.fullmatch(domain)
         or domain == "kubernetes.io"
         or domain.endswith(".kubernetes.io")
         or len(name) > 63
-        or not QUALIFIED_NAME.match(name)
+        or not QUALIFIED_NAME.fullmatch(name)
     ):
         raise ValueError(
             f"{value!r} is not an extended resource name (a domain outside kubernetes.io, "
@@ -793,7 +793,7 @@ def _bucket_reason(value: str) -> str | None:
     bad = sorted({c for c in value if not (c.isascii() and (c.isalnum() or c in ".-"))})
     if bad:
         return "it contains " + ", ".join(repr(c) for c in bad)
-    if not BUCKET.match(value):
+    if not BUCKET.fullmatch(value):
         return f"it starts or ends with {value[0] if value[0] in '.-' else value[-1]!r}"
     for pair in ("..", ".-", "-."):
         if pair in value:
@@ -836,7 +836,7 @@ def _prefix(value: str) -> str:
 
 
 def _region(value: str) -> str:
-    if not REGION.match(value):
+    if not REGION.fullmatch(value):
         reason = k8s_rules.why_not_host_label(value)
         raise ValueError(
             f"{value!r} is not an S3 region: {reason} (at most 63 letters, digits and '-', "
@@ -877,7 +877,7 @@ def _endpoint_reason(value: str) -> str | None:
         if host_port.startswith("["):
             return f"[{host}] is not an IPv6 address"
     labels = host.removesuffix(".").split(".")
-    bad = [label for label in labels if not HOST_LABEL.match(label)]
+    bad = [label for label in labels if not HOST_LABEL.fullmatch(label)]
     if bad or len(host) > 253:
         return f"host {host!r} is not a host name (letters, digits and '-', in '.'-separated parts)"
     return None
@@ -968,7 +968,7 @@ def store_address(endpoint: str | None) -> StoreAddress | None:
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        service = _SERVICE_HOST.match(host)
+        service = _SERVICE_HOST.fullmatch(host)
         return StoreAddress(namespace=service.group(1)) if service else None
     return StoreAddress(ip=str(ip), port=url.port or (443 if url.scheme == "https" else 80))
 

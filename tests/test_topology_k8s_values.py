@@ -123,6 +123,29 @@ def test_a_name_kubernetes_would_refuse_is_refused_naming_the_field(
     assert refusal(data).startswith(line)
 
 
+@pytest.mark.parametrize(
+    ("data", "line"),
+    [
+        ({"namespace": "uerl\n"}, "topology.namespace: 'uerl\\n' is not a namespace name"),
+        ({"learners": {"memory": "4Gi\n"}}, "topology.learners.memory: '4Gi\\n' is not a"),
+        (
+            {"learners": {"gpu_resource": "amd.com/gpu\n"}},
+            "topology.learners.gpu_resource: 'amd.com/gpu\\n' is not an extended resource",
+        ),
+        (
+            {"workers": {"custom_resource": "ue\n"}},
+            "topology.workers.custom_resource: 'ue\\n' is not a usable Ray custom resource",
+        ),
+        (
+            {"workers": {"labels": {"team": "rl\n"}}},
+            "topology.workers.labels.team: 'rl\\n' is not a label value",
+        ),
+    ],
+)
+def test_a_trailing_newline_a_yaml_block_leaves_is_refused(data: dict[str, Any], line: str) -> None:
+    assert refusal(data).startswith(line)
+
+
 def test_a_topology_name_starting_with_a_digit_is_refused_as_it_names_services() -> None:
     line = refusal({"name": "9lives"})
     assert "starting with a letter" in line
