@@ -112,8 +112,9 @@ KEY_VALUE = "v"
 
 LOWER = string.ascii_lowercase
 ALNUM = LOWER + string.digits
-# What users mistype: upper case, spaces, '_', '.', '/', ':', '@', a tab, a non-ASCII letter.
-STRAY = "AZ _./:@\t\u00e9"
+# What users mistype: upper case, spaces, '_', '.', '/', ':', '@', a tab, a YAML block's
+# newline, a non-ASCII letter.
+STRAY = "AZ _./:@\t\n\u00e9"
 
 
 def _label(rng: random.Random, length: int, first: str = ALNUM) -> str:
