@@ -408,16 +408,21 @@ def _replace(node: Any, old: Any, new: Any) -> Any:
 
 
 def ray_pods(objects: list[K8sObject]) -> list[K8sObject]:
-    """The pods KubeRay would make from the RayCluster's templates (the API server
-    validates a pod's spec only on a Pod: a RayCluster's templates only meet the CRD's
-    schema, and the operator's pods then fail)."""
+    """The pods the controllers would make from the objects' templates: KubeRay's of a
+    RayCluster's groups, a Job's, a StatefulSet's. The API server checks some of a pod's
+    spec only on a Pod (a RayCluster's templates meet only the CRD's schema; an image
+    with whitespace at its ends passes a Job's template), and the controller's pods then
+    fail."""
     pods = []
     for obj in objects:
-        if obj["kind"] != "RayCluster":
+        spec = obj.get("spec", {})
+        if obj["kind"] == "RayCluster":
+            groups = [("head", spec["headGroupSpec"])]
+            groups += [(g["groupName"], g) for g in spec.get("workerGroupSpecs", [])]
+        elif obj["kind"] in ("Job", "StatefulSet"):
+            groups = [(f"{obj['kind'].lower()}-{obj['metadata']['name']}", spec)]
+        else:
             continue
-        spec = obj["spec"]
-        groups = [("head", spec["headGroupSpec"])]
-        groups += [(g["groupName"], g) for g in spec.get("workerGroupSpecs", [])]
         for name, group in groups:
             template = copy.deepcopy(group["template"])
             meta = template.get("metadata", {})
@@ -434,6 +439,10 @@ def uerl_stricter(case: Case) -> str | None:
     value = case.value
     if case.place.kind == "topology name" and isinstance(value, str) and len(value) > 40:
         return "topology.name: at most 40 characters (KubeRay's names derived from it)"
+    if case.place.kind == "topology name" and isinstance(value, str) and value[:1].isdigit():
+        # Kubernetes 1.36 takes a Service name starting with a digit (RelaxedServiceName-
+        # Validation, beta, on by default); 1.34 and 1.35 refuse it: uerl keeps to both.
+        return "topology.name: starts with a letter (Service names before Kubernetes 1.36)"
     own = ("ray.io/", "app.kubernetes.io/")
     if case.place.kind == "label key" and isinstance(value, str) and value.startswith(own):
         return "labels: uerl's and KubeRay's own keys"

@@ -98,12 +98,12 @@ def test_the_api_server_takes_the_base_and_refuses_a_known_bad_value(api: Contro
     good = Case(by_kind["label value"], "rl")
     verdict = rendered(good)
     assert verdict.error is None and dry_run(api, sent(good, verdict)) == []
-    # A Service named after a topology name starting with a digit.
-    bad = Case(by_kind["topology name"], "9lives")
+    # A run name ending in `-` as a label value (a Job's, a pod's).
+    bad = Case(by_kind["label value"], "rl-")
     verdict = rendered(bad)
-    assert verdict.error is not None and "topology.name: '9lives'" in verdict.error
+    assert verdict.error is not None and "'rl-'" in verdict.error, verdict.error
     refusals = dry_run(api, sent(bad, verdict))
-    assert any("9lives-ue" in line for line in refusals), refusals
+    assert any('"rl-"' in line for line in refusals), refusals
 
 
 def test_the_api_server_refuses_exactly_what_the_topology_refuses(api: ControlPlane) -> None:
