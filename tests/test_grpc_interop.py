@@ -543,11 +543,14 @@ HOSTILE: dict[str, tuple[Callable[[Peer], None], str]] = {
 @pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_server_gets_the_same_status_from_both_clients_on_time(case: str) -> None:
     script, expected = HOSTILE[case]
+    # A server that never answers is judged by the deadline; any other by its status,
+    # with a deadline no loaded host reaches (a slow read is not a hostile server).
+    deadline_s = DEADLINE_S if expected == "DEADLINE_EXCEEDED" else guard(10)
     with RawServer(script) as server:
-        results = call_both(server.endpoint, timeout_s=DEADLINE_S)
+        results = call_both(server.endpoint, timeout_s=deadline_s)
     assert status_of(results) == {name: expected for name in CLIENTS}, results
     for name, (_, took) in results.items():
-        assert took <= DEADLINE_S + LATE_S, (name, took)
+        assert took <= deadline_s + LATE_S, (name, took)
 
 
 def test_a_gzip_reply_from_a_raw_server_is_decompressed() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import fake_bucket
 import pytest
 from fake_bucket import FakeBucket
+from host_speed import guard
 from run_fakes import SavingAlgo, meta
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -358,14 +359,20 @@ def bucket_endpoints(tmp_path: Path) -> Path:
 
 
 @pytest.mark.usefixtures("quick_retries")
-def test_a_store_down_for_a_moment_at_the_start_is_waited_for(bucket: FakeBucket) -> None:
+def test_a_store_down_for_a_moment_at_the_start_is_waited_for(
+    bucket: FakeBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_store, "STORE_WAIT_S", guard(60))  # tries, not time, judged
     down_for(bucket, 3)
     s3_store.check(LOCATION, RUN)
     assert [k for k in bucket.objects if "write-check" in k] == []
 
 
 @pytest.mark.usefixtures("quick_retries")
-def test_a_restore_waits_for_a_store_down_for_a_moment(tmp_path: Path, bucket: FakeBucket) -> None:
+def test_a_restore_waits_for_a_store_down_for_a_moment(
+    tmp_path: Path, bucket: FakeBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_store, "STORE_WAIT_S", guard(60))  # tries, not time, judged
     checkpoints.save(SavingAlgo(), tmp_path / "run" / "checkpoints", meta(5))
     store(tmp_path / "run")
     down_for(bucket, 2)
