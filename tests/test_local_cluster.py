@@ -154,10 +154,11 @@ def _fake_ray_start(tmp_path: Path, *, outcomes: list[str]):
         "start": "import time; print('Ray runtime started.', flush=True); time.sleep(60)",
     }
 
-    def spawn(spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path]:
+    def spawn(spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path, int]:
         log = tmp_path / f"{spec.name}.log"
+        offset = log.stat().st_size if log.exists() else 0
         argv = [sys.executable, "-c", scripts[outcomes.pop(0)]]
-        return processes.spawn(argv, log_path=log), log
+        return processes.spawn(argv, log_path=log), log, offset
 
     return spawn
 
@@ -201,6 +202,23 @@ def test_a_node_that_missed_rays_30_s_registration_wait_is_started_again(
         processes.terminate([node.proc], grace_s=1)
 
 
+def test_an_earlier_runs_started_line_in_a_kept_log_does_not_count_as_this_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `uerl local --resume` in the same run dir appends to the nodes' logs of the run
+    # before, which say "Ray runtime started." already (seen in a CI run: every node taken
+    # as started at once, the late ones never started again).
+    (tmp_path / "worker1.log").write_text("Ray runtime started.\n--- an earlier run ---\n")
+    cluster, node = _node_started_after(tmp_path, ["slow", "start"], monkeypatch)
+    try:
+        cluster._wait_started(node, time.monotonic() + 30)
+        assert node.proc.poll() is None
+        assert capsys.readouterr().out.count("did not register within Ray's 30 s") == 1
+        assert node.this_start().strip() == "Ray runtime started."
+    finally:
+        processes.terminate([node.proc], grace_s=1)
+
+
 def test_a_second_crash_or_an_error_exit_is_not_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -221,10 +239,10 @@ def test_worker_nodes_added_by_a_call_that_fails_are_stopped_again(
     )
     spawned: list[subprocess.Popen[bytes]] = []
 
-    def spawn(spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path]:
+    def spawn(spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path, int]:
         log = tmp_path / f"{spec.name}.log"
         spawned.append(processes.spawn(["sleep", "60"], log_path=log))
-        return spawned[-1], log
+        return spawned[-1], log, 0
 
     def wait_started(node: object, deadline: float) -> None:
         if node.spec.name == "worker3":  # type: ignore[attr-defined]

@@ -58,6 +58,19 @@ def test_a_game_that_cannot_start_raises_with_its_log_and_leaves_nothing(tmp_pat
     assert games.pids() == set()
 
 
+def test_an_earlier_runs_ready_line_in_a_kept_run_dir_does_not_count_as_ready(
+    tmp_path: Path,
+) -> None:
+    # `uerl local --resume` keeps the run dir; the game logs go on after the last run's.
+    (tmp_path / "ue-1.log").write_text("mock-ue listening on 127.0.0.1:1 (an earlier run)\n")
+    games = LocalMockGames(
+        workers=1, env_id="NoSuchEnv-v9", envs_per_game=1, run_dir=tmp_path, startup_timeout_s=30
+    )
+    with pytest.raises(LocalGamesError, match=r"ue-1 .* exited with code"):
+        games.__enter__()
+    assert games.pids() == set()
+
+
 @pytest.mark.parametrize(
     ("pattern", "discovery", "expected_offset"),
     [("sidecar", "worker1", 1), ("networked", "dedicated", 0), ("networked", "worker1", 1)],

@@ -52,6 +52,17 @@ class MockGame:
     removed: bool = False  # stopped by a rescale: never restarted
     # Every incarnation writes its own stats file; stop() adds them up.
     stats_files: list[Path] = field(default_factory=list)
+    # Where this process's lines begin: a kept run dir (`--resume`) holds an earlier
+    # run's lines, its ready line among them.
+    log_offset: int = 0
+
+    def this_start(self) -> str:
+        try:
+            with self.log.open("rb") as fh:
+                fh.seek(self.log_offset)
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     @property
     def endpoint(self) -> str:
@@ -232,6 +243,7 @@ class LocalMockGames(processes.StartedGroup):
     def _launch(self, name: str, port: int) -> MockGame:
         log = self.run_dir / f"{name}.log"
         stats = self.run_dir / f"{name}.stats.json"
+        offset = log.stat().st_size if log.exists() else 0
         proc = self._spawn(port, log, stats)
         return MockGame(
             name,
@@ -241,6 +253,7 @@ class LocalMockGames(processes.StartedGroup):
             stats,
             policy=RestartPolicy(max_restarts=self.max_restarts),
             stats_files=[stats],
+            log_offset=offset,
         )
 
     def _spawn(self, port: int, log: Path, stats: Path) -> subprocess.Popen[bytes]:
@@ -317,6 +330,7 @@ class LocalMockGames(processes.StartedGroup):
         game.stats_files.append(game.stats_file)
         with game.log.open("a") as fh:
             fh.write(f"--- uerl local: restart {game.policy.restarts} ---\n")
+        game.log_offset = game.log.stat().st_size
         game.proc = self._spawn(game.port, game.log, game.stats_file)
         game.started_at = time.monotonic()
 
@@ -328,11 +342,8 @@ class LocalMockGames(processes.StartedGroup):
                     f"{game.proc.returncode}; last log lines ({game.log}):\n"
                     f"{processes.tail(game.log)}"
                 )
-            try:
-                if READY_PREFIX in game.log.read_text(errors="replace"):
-                    return
-            except OSError:
-                pass
+            if READY_PREFIX in game.this_start():
+                return
             if time.monotonic() > deadline:
                 raise LocalGamesError(
                     f"mock game {game.name} did not print '{READY_PREFIX} ...' within "

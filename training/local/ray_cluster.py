@@ -92,7 +92,22 @@ class _Node:
     spec: NodeSpec
     proc: subprocess.Popen[bytes]
     log: Path
+    # Where this start's lines begin: a log dir kept from an earlier run (`--resume` in
+    # the same run dir) holds that run's lines too, its "Ray runtime started" among them.
+    log_offset: int
     crashes: int = 0
+
+    def this_start(self) -> str:
+        """What the node's current `ray start` has written so far."""
+        try:
+            with self.log.open("rb") as fh:
+                fh.seek(self.log_offset)
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(self.this_start().splitlines()[-lines:]) or "(no log lines)"
 
 
 def node_specs(
@@ -321,14 +336,15 @@ class LocalRayCluster(processes.StartedGroup):
     def _launch(self, spec: NodeSpec) -> None:
         self._nodes.append(_Node(spec, *self._spawn(spec)))
 
-    def _spawn(self, spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path]:
+    def _spawn(self, spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path, int]:
         env = {**os.environ, **NODE_ENV}
         # Jobs run their entrypoint through the head's shell: `uerl train` must resolve
         # to this environment's script, as it does on the uerl Ray image.
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
         log = self.log_dir / f"{spec.name}.log"
-        return processes.spawn(self._argv(spec), log_path=log, env=env), log
+        offset = log.stat().st_size if log.exists() else 0
+        return processes.spawn(self._argv(spec), log_path=log, env=env), log, offset
 
     def _wait_started(self, node: _Node, deadline: float) -> None:
         while True:
@@ -342,14 +358,14 @@ class LocalRayCluster(processes.StartedGroup):
                 raise LocalClusterError(
                     f"ray start for node {node.spec.name} exited with code "
                     f"{node.proc.returncode}; last log lines ({node.log}):\n"
-                    f"{processes.tail(node.log)}"
+                    f"{node.tail()}"
                 )
-            if "Ray runtime started" in node.log.read_text(errors="replace"):
+            if "Ray runtime started" in node.this_start():
                 return
             if time.monotonic() > deadline:
                 raise LocalClusterError(
                     f"node {node.spec.name} did not start within {self.start_timeout_s:.0f}s; "
-                    f"last log lines ({node.log}):\n{processes.tail(node.log)}"
+                    f"last log lines ({node.log}):\n{node.tail()}"
                 )
             time.sleep(0.2)
 
@@ -362,9 +378,7 @@ class LocalRayCluster(processes.StartedGroup):
         ("epoll_wait error: Bad file descriptor"). A node that exits with another error
         (bad arguments, ports) is not retried; nor is a second crash."""
         code = node.proc.returncode
-        # This start's own lines: the log goes on after each "--- uerl local:" line.
-        this_start = processes.tail(node.log).rpartition("--- uerl local:")[2]
-        if code > 0 and RAY_REGISTRATION_TIMED_OUT in this_start:
+        if code > 0 and RAY_REGISTRATION_TIMED_OUT in node.this_start():
             self._start_again(
                 node,
                 "ray start timed out registering",
@@ -386,7 +400,7 @@ class LocalRayCluster(processes.StartedGroup):
         with node.log.open("a") as fh:
             fh.write(f"--- uerl local: {marker}; again ---\n")
         print(f"uerl local: {said}; starting it again (log: {node.log})", flush=True)
-        node.proc, node.log = self._spawn(node.spec)
+        node.proc, node.log, node.log_offset = self._spawn(node.spec)
 
     def _wait_registered(self, deadline: float) -> None:
         """Poll the GCS until every node is alive in it."""
