@@ -29,7 +29,7 @@ from infra.components import (
     UeGames,
     UerlRayCluster,
 )
-from infra.components.k8s import register
+from infra.components.k8s import register, stack_provider
 from infra.topology import Topology, TopologyError
 
 
@@ -46,6 +46,22 @@ def load_topology() -> Topology:
         raise pulumi.RunError(str(exc)) from None
 
 
+def namespace_options(topology: Topology) -> pulumi.ResourceOptions:
+    """The stack's own namespace outlives `pulumi destroy` when it holds a runs claim the
+    destroy must leave (uerl's, kept by `runs.claim.keep_on_destroy`, or the user's own):
+    deleting a namespace deletes every object in it, and on a `Delete` storage class every
+    run on the claim. Then the next `pulumi up` takes it back, as it does the claim.
+
+    Top-level, as it always was: a parent would change its URN, and the engine would
+    replace it, deleting everything in it."""
+    if topology.runs.store != "claim" or not topology.runs.claim.keep_on_destroy:
+        return pulumi.ResourceOptions()
+    return pulumi.ResourceOptions(
+        retain_on_delete=True,
+        provider=stack_provider("namespace-keep", None, upsert_existing_objects=True),
+    )
+
+
 # The project root (Pulumi.yaml): Pulumi runs this program in infra/, but
 # relative paths in the topology are the user's, relative to the project.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +76,7 @@ def main() -> None:
 
     base: list[pulumi.Resource] = []
     if objects.namespace is not None:
-        base.append(register(objects.namespace, pulumi.ResourceOptions()))
+        base.append(register(objects.namespace, namespace_options(topology)))
     # Pods may run as these: they exist before any pod does.
     accounts: list[pulumi.Resource] = []
     if objects.service_accounts:

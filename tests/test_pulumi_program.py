@@ -75,7 +75,8 @@ def test_sidecar_dev_stack_creates_operator_namespace_endpoints_and_raycluster(s
         "kubernetes:networking.k8s.io/v1:NetworkPolicy": 2,
         "uerl:infra:RunStorage": 1,
         CLAIM: 1,  # the runs'
-        "pulumi:providers:kubernetes": 1,  # which takes back the runs' claim destroy left
+        # Which take back the runs' claim, and its namespace, that destroy left.
+        "pulumi:providers:kubernetes": 2,
     }
 
 
@@ -356,18 +357,26 @@ def test_without_an_account_to_create_the_stack_has_no_account_component(sidecar
     assert "uerl:infra:StackServiceAccounts" not in type_counts(sidecar)
 
 
-def claim_and_provider(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The runs claim, and the explicit provider it is created through (None: the default)."""
-    (runs,) = resources_of(report, CLAIM).values()
-    if runs["provider"] is None:
-        return runs, None
+def one_and_provider(
+    report: dict[str, Any], typ: str
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The one resource of `typ`, and the explicit provider it is created through (None:
+    the default)."""
+    (resource,) = resources_of(report, typ).values()
+    if resource["provider"] is None:
+        return resource, None
     # A provider reference is "<provider URN>::<id>"; the URN ends "<type>::<name>".
-    urn = runs["provider"].rsplit("::", 1)[0]
+    urn = resource["provider"].rsplit("::", 1)[0]
     (provider,) = [
         r for r in report["resources"]
         if r["type"].startswith("pulumi:providers:") and urn.endswith(f"{r['type']}::{r['name']}")
     ]  # fmt: skip
-    return runs, provider
+    return resource, provider
+
+
+def claim_and_provider(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The runs claim, and the explicit provider it is created through (None: the default)."""
+    return one_and_provider(report, CLAIM)
 
 
 def test_the_runs_claim_outlives_pulumi_destroy(sidecar) -> None:
@@ -387,3 +396,35 @@ def test_a_later_pulumi_up_takes_back_the_claim_destroy_left_without_forcing_it(
 def test_runs_keep_on_destroy_false_lets_destroy_delete_the_claim() -> None:
     runs, provider = claim_and_provider(run_program("topology.runs.claim.keep_on_destroy=false"))
     assert runs["retainOnDelete"] is False and provider is None
+
+
+NAMESPACE_TYPE = "kubernetes:core/v1:Namespace"
+
+
+def test_the_stacks_namespace_outlives_destroy_with_the_runs_claim_it_keeps(sidecar) -> None:
+    # Deleting the namespace would delete the kept claim in it, and its runs with it.
+    namespace, provider = one_and_provider(sidecar, NAMESPACE_TYPE)
+    assert namespace["retainOnDelete"] is True
+    assert provider is not None and provider["inputs"]["upsertExistingObjects"] == "true"
+    assert "enablePatchForce" not in provider["inputs"]
+
+
+def test_the_kept_namespace_stays_top_level_so_an_existing_stack_does_not_replace_it(
+    sidecar,
+) -> None:
+    # A parent would change its URN: the engine would delete it, and everything in it.
+    namespace, _ = one_and_provider(sidecar, NAMESPACE_TYPE)
+    assert namespace["name"] == "uerl" and namespace["parent"] is None
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ("topology.runs.claim.keep_on_destroy=false",),
+        ("topology.runs.store=s3", "topology.runs.s3.bucket=team-runs"),
+    ],
+    ids=["claim-not-kept", "runs-in-a-bucket"],
+)
+def test_without_a_kept_claim_destroy_deletes_the_stacks_namespace(config: tuple[str, ...]) -> None:
+    namespace, provider = one_and_provider(run_program(*config), NAMESPACE_TYPE)
+    assert namespace["retainOnDelete"] is False and provider is None

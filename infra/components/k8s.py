@@ -57,9 +57,11 @@ def register(obj: K8sObject, opts: pulumi.ResourceOptions) -> pulumi.CustomResou
     )
 
 
-def stack_provider(name: str, parent: pulumi.Resource, **options: bool) -> k8s.Provider:
+def stack_provider(name: str, parent: pulumi.Resource | None, **options: bool) -> k8s.Provider:
     """An explicit provider for the stack's cluster (the default provider's config),
-    with `options` (k8s.Provider's keyword arguments) on top."""
+    with `options` (k8s.Provider's keyword arguments) on top. Moving a resource from the
+    default provider to one of these replaces nothing: the engine asks the new provider's
+    DiffConfig, which replaces only for another cluster."""
     config = pulumi.Config("kubernetes")
     settings = {key: config.get(key) for key in _PROVIDER_CONFIG}
     return k8s.Provider(

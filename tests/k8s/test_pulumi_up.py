@@ -10,6 +10,8 @@ its preview would do). The tests share one control plane and run in file order: 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +26,7 @@ from host_speed import guard
 from pulumi_project import PulumiProject
 from stacks import running_and_ready
 
-from infra.topology import RaySpec
+from infra.topology import RUNS_MOUNT_PATH, RaySpec
 
 # Each scenario runs several real `pulumi` commands of one to two minutes each here, and
 # waits for KubeRay's Recreate (over 180 s at load 8): room for two of each, loaded, beside
@@ -37,6 +39,7 @@ NAMESPACE = "uerl"  # the dev stack's (topology defaults)
 CLUSTER = "uerl"
 OPERATOR_RELEASE = "kuberay-operator"
 STACK_SELECTOR = f"app.kubernetes.io/instance in ({CLUSTER},{OPERATOR_RELEASE})"
+DEV_CLAIM = f"{CLUSTER}-runs"  # the dev stack's runs claim, which destroy keeps
 
 
 @pytest.fixture(scope="module")
@@ -132,11 +135,12 @@ def changed_steps(preview: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def stack_objects(cp: ControlPlane) -> list[str]:
-    """Every object of the dev stack and its operator release, of every listable kind."""
+def stack_objects(cp: ControlPlane, selector: str = STACK_SELECTOR) -> list[str]:
+    """Every object of the dev stack and its operator release (or of `selector`), of
+    every listable kind."""
     kinds = cp.kubectl("api-resources", "--verbs=list", "-o", "name").stdout.split()
     out = cp.kubectl(
-        "get", ",".join(kinds), "-A", "-l", STACK_SELECTOR, "-o", "name", "--ignore-not-found"
+        "get", ",".join(kinds), "-A", "-l", selector, "-o", "name", "--ignore-not-found"
     ).stdout  # fmt: skip
     return sorted(line for line in out.splitlines() if line)
 
@@ -410,21 +414,279 @@ def test_up_fails_within_the_timeout_naming_the_raycluster_whose_head_never_gets
     assert head and head[0]["status"]["phase"] == "Pending"
     project.run("destroy", "--yes", stack="stuck", during=operator_follows_chart(cp))
     project.run("stack", "rm", "--yes", stack="stuck")
+    # What the destroy kept (the runs claim, in its namespace): gone for good.
+    cp.kubectl("delete", "namespace", "uerl-stuck", "--wait=true", timeout_s=guard(180))
+
+
+# ---- 10. destroy keeps the runs claim ------------------------------------------------------
+
+KEEP = "keep"  # the stack and its topology.name
+KEEP_NS = "uerl-keep"
+KEEP_CLAIM = f"{KEEP}-runs"
+KEEP_SELECTOR = f"app.kubernetes.io/instance={KEEP}"
+KEEP_CLASS = "uerl-test-delete"  # no other volume or claim has it: the claim binds KEEP_PV
+KEEP_PV = "uerl-test-keep"
+CLAIM_TYPE = "kubernetes:core/v1:PersistentVolumeClaim"
+OLD_RUN = "old-run"
+OLD_CHECKPOINT = "checkpoint_000003"
+# kube-controller-manager always has the in-tree hostPath deleter (the flag
+# --enable-hostpath-provisioner only turns on provisioning): for a released volume with
+# reclaim policy Delete it removes the directory if its path matches this (unanchored,
+# pkg/volume/hostpath, v1.36), then deletes the PV; any other path: the PV goes Failed.
+HOSTPATH_DELETER_PATHS = re.compile("/tmp/.+")
+
+
+def keep_volume_dir(cp: ControlPlane) -> Path:
+    return cp.workdir / "keep-volume"
+
+
+def create_delete_volume(cp: ControlPlane) -> Path:
+    """A volume as a cloud's default storage class leaves one: reclaim policy Delete. A
+    hostPath on this machine (the control plane's work directory, under /tmp unless
+    TMPDIR says otherwise), in a storage class of its own, not the default."""
+    path = keep_volume_dir(cp)
+    path.mkdir()
+    storage_class = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": KEEP_CLASS},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+    }
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": KEEP_PV},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": KEEP_CLASS,
+            "persistentVolumeReclaimPolicy": "Delete",
+            "hostPath": {"path": str(path)},
+        },
+    }
+    cp.apply([storage_class, volume])
+    return path
+
+
+def store_old_run(root: Path) -> None:
+    """What a stored run leaves on the claim: its metrics and a checkpoint `latest` names."""
+    checkpoints = root / OLD_RUN / "checkpoints"
+    (checkpoints / OLD_CHECKPOINT).mkdir(parents=True)
+    meta = {"iteration": 3, "env_steps_total": 1200}
+    (checkpoints / OLD_CHECKPOINT / "uerl.json").write_text(json.dumps(meta))
+    (checkpoints / "latest").write_text(f"{OLD_CHECKPOINT}\n")
+    (root / OLD_RUN / "metrics.csv").write_text("iteration,episode_return_mean\n1,0.5\n3,0.9\n")
+
+
+def old_run_there(root: Path) -> bool:
+    metrics = root / OLD_RUN / "metrics.csv"
+    return metrics.is_file() and metrics.read_text().endswith("3,0.9\n")
+
+
+def get_or_none(cp: ControlPlane, *args: str) -> dict[str, Any] | None:
+    result = cp.kubectl("get", *args, "-o", "json", check=False)
+    if result.returncode != 0:
+        assert "NotFound" in result.stderr, result.stderr
+        return None
+    return dict(json.loads(result.stdout))
+
+
+def keep_claim(cp: ControlPlane) -> dict[str, Any] | None:
+    return get_or_none(cp, "pvc", "-n", KEEP_NS, KEEP_CLAIM)
+
+
+def keep_volume(cp: ControlPlane) -> dict[str, Any] | None:
+    return get_or_none(cp, "pv", KEEP_PV)
+
+
+def phase(obj: dict[str, Any] | None) -> str | None:
+    return None if obj is None else obj.get("status", {}).get("phase")
+
+
+def claim_in_state(project: PulumiProject) -> dict[str, Any]:
+    (claim,) = [r for r in project.resources(KEEP) if r["type"] == CLAIM_TYPE]
+    return claim
+
+
+def remove_the_keep_stack(project: PulumiProject, cp: ControlPlane) -> None:
+    """Whatever the keep tests left, from any point of failure: the module's later tests
+    start without it (the dev stack's destroy stops while another stack's RayCluster
+    lives)."""
+    project.run("destroy", "--yes", stack=KEEP, check=False, during=operator_follows_chart(cp))
+    project.run("stack", "rm", "--yes", "--force", stack=KEEP, check=False)
+    for kind, name in (("namespace", KEEP_NS), ("pv", KEEP_PV), ("storageclass", KEEP_CLASS)):
+        cp.kubectl("delete", kind, name, "--ignore-not-found", "--wait=true", timeout_s=guard(180))
+    shutil.rmtree(keep_volume_dir(cp), ignore_errors=True)
+
+
+def test_destroy_keeps_the_runs_claim_and_its_runs_on_a_delete_volume(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    """Issue 54: `pulumi destroy` removes compute, not results. On the tier's pool
+    (reclaim policy Retain) a deleted claim loses no file; on a Delete volume, as a
+    cloud's default storage class makes, it loses every run: hence this volume."""
+    cp = bare_control_plane
+    volume_dir = create_delete_volume(cp)
+    project.new_stack(
+        KEEP,
+        {
+            "topology.name": KEEP,
+            # Its own, which the stack creates and destroys, as the dev stack does its.
+            "topology.namespace": KEEP_NS,
+            "topology.operator.install": "false",  # the dev stack's operator serves it
+            "topology.simulator.kind": "mock",
+            "topology.workers.replicas": "1",
+            "topology.runs.claim.storage_class": KEEP_CLASS,
+            "topology.runs.claim.size": "1Gi",
+        },
+    )
+    up(project, cp, KEEP)
+    claim = keep_claim(cp)
+    assert claim is not None and claim["spec"].get("volumeName") == KEEP_PV, claim
+    assert claim_in_state(project).get("retainOnDelete") is True
+    uid = claim["metadata"]["uid"]
+    store_old_run(volume_dir)  # as a training on the head writes to /uerl/runs
+
+    project.run("destroy", "--yes", stack=KEEP, during=operator_follows_chart(cp))
+
+    kept, volume = keep_claim(cp), keep_volume(cp)
+    namespace = get_or_none(cp, "namespace", KEEP_NS)
+    assert kept is not None, (
+        f"the destroy deleted {KEEP_CLAIM}: namespace {KEEP_NS} "
+        f"{'kept' if namespace else 'deleted, and every object in it'}; "
+        f"volume {KEEP_PV} {phase(volume) or 'deleted'}, runs "
+        f"{'there' if old_run_there(volume_dir) else 'gone'}"
+    )
+    assert kept["metadata"]["uid"] == uid and "deletionTimestamp" not in kept["metadata"]
+    assert phase(kept) == "Bound" and phase(volume) == "Bound", (kept, volume)
+    assert volume is not None and volume["spec"]["claimRef"]["uid"] == uid
+    assert old_run_there(volume_dir)
+    # Everything else of the stack goes; the claim's namespace stays with it.
+    left = {f"persistentvolumeclaim/{KEEP_CLAIM}", f"namespace/{KEEP_NS}"}
+    cp.wait_until(
+        lambda: set(stack_objects(cp, KEEP_SELECTOR)) <= left,
+        guard(180),
+        "every object of the keep stack but its claim (and namespace) to be gone",
+    )
+    assert project.resources(KEEP) == []  # kept, and no longer the stack's
+
+
+def test_the_next_up_takes_the_kept_claim_back_and_its_runs_are_listed(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    cp = bare_control_plane
+    volume_dir = keep_volume_dir(cp)
+    kept, volume = keep_claim(cp), keep_volume(cp)
+    # Without it, `up` would wait minutes for a claim no volume can bind.
+    assert kept is not None and volume is not None, "no claim kept by the test before"
+    uid = kept["metadata"]["uid"]
+    assert volume["spec"]["claimRef"]["uid"] == uid
+
+    result = up(project, cp, KEEP)  # the default provider would fail with AlreadyExists
+
+    assert "AlreadyExists" not in result.output, result.output
+    claim = keep_claim(cp)
+    assert claim is not None and claim["metadata"]["uid"] == uid  # the same claim, not anew
+    assert phase(claim) == "Bound" and claim["spec"]["volumeName"] == KEEP_PV
+    assert claim_in_state(project).get("retainOnDelete") is True  # kept by the next one too
+    assert old_run_there(volume_dir)
+    # `uerl runs list --stack keep` runs `uerl runs list --dir /uerl/runs --json` on the
+    # head (an exec, which the simulated pod cannot serve): the head mounts the claim
+    # there, and this volume is what it mounts, so the same command reads it here.
+    assert project.outputs(KEEP)["endpoints"]["runs"]["uri"] == f"file://{RUNS_MOUNT_PATH}"
+    (head,) = [
+        p for p in ray_pods(cp, KEEP, KEEP_NS)
+        if p["metadata"]["labels"].get("ray.io/node-type") == "head"
+        and not p["metadata"].get("deletionTimestamp")
+    ]  # fmt: skip
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in head["spec"].get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
+    mounts = {
+        m["mountPath"]
+        for c in head["spec"]["containers"]
+        for m in c.get("volumeMounts", [])
+        if claims.get(m["name"]) == KEEP_CLAIM
+    }
+    assert mounts == {RUNS_MOUNT_PATH}, head["spec"]
+    listed = subprocess.run(
+        [str(UERL), "runs", "list", "--dir", str(volume_dir), "--json"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    runs = [(r["name"], r["checkpoint"], r["iteration"]) for r in json.loads(listed)]
+    assert runs == [(OLD_RUN, OLD_CHECKPOINT, 3)]
+
+
+def test_without_keep_on_destroy_destroy_deletes_the_claim_and_a_delete_volume_its_runs(
+    project: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    """Why the claim is kept by default: on a volume with reclaim policy Delete (a
+    cloud's default storage class) the claim's deletion deletes the runs."""
+    cp = bare_control_plane
+    volume_dir = keep_volume_dir(cp)
+    try:
+        kept = keep_claim(cp)
+        assert kept is not None and project.resources(KEEP), "no stack up with its claim"
+        uid = kept["metadata"]["uid"]
+        namespace = get_or_none(cp, "namespace", KEEP_NS)
+        assert namespace is not None
+        project.config_set(KEEP, "topology.runs.claim.keep_on_destroy", "false")
+        up(project, cp, KEEP)
+        # Other providers, the same claim and namespace: the runs stay until the destroy.
+        claim = keep_claim(cp)
+        assert claim is not None and claim["metadata"]["uid"] == uid
+        after = get_or_none(cp, "namespace", KEEP_NS)
+        assert after is not None and after["metadata"]["uid"] == namespace["metadata"]["uid"]
+        assert not claim_in_state(project).get("retainOnDelete")
+        assert old_run_there(volume_dir)
+
+        project.run("destroy", "--yes", stack=KEEP, during=operator_follows_chart(cp))
+
+        assert keep_claim(cp) is None
+        # Nothing kept: the stack's namespace goes too.
+        cp.wait_until(
+            lambda: get_or_none(cp, "namespace", KEEP_NS) is None, guard(180), f"{KEEP_NS} gone"
+        )
+        if HOSTPATH_DELETER_PATHS.search(str(volume_dir)):
+            # The controller deletes the volume as a cloud's deletes the disk: runs gone.
+            cp.wait_until(
+                lambda: keep_volume(cp) is None, guard(180), f"{KEEP_PV} deleted (Delete)"
+            )
+            assert not volume_dir.exists()
+        else:
+            # Its deleter refuses this path: the volume fails instead, the files outlive it.
+            cp.wait_until(
+                lambda: phase(keep_volume(cp)) == "Failed", guard(180), f"{KEEP_PV} Failed"
+            )
+    finally:
+        remove_the_keep_stack(project, cp)
+    assert keep_volume(cp) is None and get_or_none(cp, "namespace", KEEP_NS) is None
 
 
 # ---- 5. destroy -----------------------------------------------------------------------------
 
 
-def test_destroy_leaves_nothing_of_the_stack_and_removes_the_crds_it_installed(
+def test_destroy_leaves_only_the_runs_claim_in_its_namespace_and_removes_the_crds_it_installed(
     project: PulumiProject, bare_control_plane: ControlPlane
 ) -> None:
     cp = bare_control_plane
     assert stack_objects(cp)  # the selector does find the stack while it exists
+    claim_uid = cp.get_json("pvc", "-n", NAMESPACE, DEV_CLAIM)["metadata"]["uid"]
     project.run("destroy", "--yes", stack="dev", during=operator_follows_chart(cp))
 
-    cp.wait_until(lambda: not stack_objects(cp), guard(180), "the dev stack's objects to be gone")
-    namespaces = {n["metadata"]["name"] for n in cp.get_json("namespaces")["items"]}
-    assert NAMESPACE not in namespaces
+    # Compute goes, results stay (`runs.claim.keep_on_destroy`, the default): the claim,
+    # and the stack's namespace, whose deletion would delete the claim.
+    kept = {f"persistentvolumeclaim/{DEV_CLAIM}", f"namespace/{NAMESPACE}"}
+    cp.wait_until(
+        lambda: set(stack_objects(cp)) == kept, guard(180), "the dev stack's objects to be gone"
+    )
+    claim = cp.get_json("pvc", "-n", NAMESPACE, DEV_CLAIM)
+    assert claim["metadata"]["uid"] == claim_uid and claim["status"]["phase"] == "Bound"
+    assert "deletionTimestamp" not in cp.get_json("namespace", NAMESPACE)["metadata"]
     crds = {c["metadata"]["name"] for c in cp.get_json("crd")["items"]}
     assert not crds & KUBERAY_CRD_NAMES  # `crds: install`: the stack's own, deleted with it
     assert project.resources("dev") == []
@@ -528,4 +790,6 @@ def test_crds_another_pulumi_resource_manages_are_refused_with_the_hand_over(
     assert cp.crds_established()  # nothing deleted
     project.run("destroy", "--yes", stack="handover", during=operator_follows_chart(cp))
     project.run("stack", "rm", "--yes", stack="handover")
+    cp.kubectl("delete", "namespace", "uerl-handover", "--ignore-not-found", "--wait=true",
+               timeout_s=guard(180))  # fmt: skip
     assert cp.crds_established()  # still nothing deleted
