@@ -485,7 +485,9 @@ class RaySpec(_Spec):
     head: HeadSpec = HeadSpec()
     auth: RayAuthSpec = RayAuthSpec()
     # How long `pulumi up` gives KubeRay to create the Ray pods and `ray start`
-    # to join, after the images are pulled (and sidecar games answer).
+    # to join, after the images are pulled (and sidecar games answer); `uerl local`, its
+    # Ray nodes to start and register (a busy host's may miss Ray's own 30 s, and are
+    # started again within this).
     start_timeout_s: int = Field(default=300, ge=10, le=7200)
 
     @model_validator(mode="after")

@@ -258,3 +258,14 @@ def test_worker_nodes_added_by_a_call_that_fails_are_stopped_again(
         assert processes.alive({p.pid for p in spawned}) == set()
     finally:
         processes.terminate(spawned, grace_s=1)
+
+
+def test_uerl_local_gives_its_nodes_the_topologys_ray_start_timeout(tmp_path: Path) -> None:
+    # One number for both: how long Ray may take to come up, in pods or here (a busy
+    # host's nodes miss Ray's own 30 s registration wait, and are started again within it).
+    from infra.topology import Topology
+    from training.local.session import _cluster
+
+    topology = Topology.parse({"ray": {"start_timeout_s": 42}})
+    assert _cluster(topology, tmp_path, dashboard=False).start_timeout_s == 42
+    assert _cluster(Topology.parse({}), tmp_path, dashboard=False).start_timeout_s == 300

@@ -134,6 +134,7 @@ def _cluster(topology: Topology, run_dir: Path, *, dashboard: bool) -> LocalRayC
 
     return LocalRayCluster(
         topology_node_specs(topology),
+        start_timeout_s=topology.ray.start_timeout_s,
         log_dir=run_dir / "logs",
         dashboard=dashboard,
     )
