@@ -113,24 +113,63 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 # Summed over each test's setup, call and teardown (a module fixture's set-up counts
 # for the test that ran it first), printed at the end of every run: with `--durations`
-# per test, this is the budget table CI's logs show (`.ci/run`).
+# per test, this is the budget table CI's logs show (`.ci/run`). Beside the wall time,
+# the machine's CPU-seconds while the module's tests ran (user + nice + system of every
+# process, /proc/stat: what the test started, Ray nodes and games included, and whatever
+# ran beside it; a module's own figure when the suite runs serially and alone).
+MACHINE_CPU_KEY = "machine_cpu_s"
+_cpu_start = pytest.StashKey[float]()
+
+
+def machine_cpu_s() -> float:
+    """CPU-seconds the whole machine has spent since boot (user + nice + system)."""
+    try:
+        with open("/proc/stat") as fh:
+            user, nice, system = (int(v) for v in fh.readline().split()[1:4])
+    except OSError:
+        return 0.0
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Any:
+    item.stash[_cpu_start] = machine_cpu_s()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "teardown" and _cpu_start in item.stash:
+        # On the report, so that xdist carries it to the controller's clock.
+        report.user_properties.append((MACHINE_CPU_KEY, machine_cpu_s() - item.stash[_cpu_start]))
+
+
 class ModuleClock:
     """Sums each module's test reports; prints them, longest first, after the run."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.cpu_s: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         module = report.nodeid.split("::", 1)[0]
         self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+        for key, value in report.user_properties:
+            if key == MACHINE_CPU_KEY:
+                self.cpu_s[module] = self.cpu_s.get(module, 0.0) + float(value)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.seconds:
             return
-        terminalreporter.write_sep("=", "wall time by test module")
+        terminalreporter.write_sep("=", "wall time by test module (and the machine's CPU-s)")
         for module, total in sorted(self.seconds.items(), key=lambda kv: -kv[1]):
-            terminalreporter.write_line(f"{total:8.1f} s  {module}")
-        terminalreporter.write_line(f"{sum(self.seconds.values()):8.1f} s  in all")
+            cpu = self.cpu_s.get(module, 0.0)
+            terminalreporter.write_line(f"{total:8.1f} s  {cpu:8.0f} CPU-s  {module}")
+        terminalreporter.write_line(
+            f"{sum(self.seconds.values()):8.1f} s  {sum(self.cpu_s.values()):8.0f} CPU-s  in all"
+        )
 
 
 # ------------------------------------------- order and grouping for pytest-xdist
