@@ -351,7 +351,7 @@ def test_two_stacks_share_a_namespace_and_destroying_one_leaves_the_other(
         (
             "topology.workers.replica",
             "3",
-            "topology.workers.replica: unknown key (not a topology field)",
+            "topology.workers.replica: unknown key (did you mean replicas?)",
         ),
     ],
 )
