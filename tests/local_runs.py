@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proc_tree import StartedProcesses, TreeSampler
+import psutil
+from host_speed import guard
+from proc_tree import Deadline, StartedProcesses, TreeSampler
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,3 +109,81 @@ def run_local(
         sampler.peak_rss_bytes,
         args,
     )
+
+
+GAMES_LINE = re.compile(r"games (.*) \(up in")
+# `runners H/T`, then `, U unknown` when some runners did not report that iteration.
+ITER_LINE = re.compile(r"^iter\s+(\d+) .*\| runners (\d+)/(\d+)(?:, (\d+) unknown)?$")
+
+
+class LocalRunWatcher:
+    """Runs `uerl local` (owned by `started`: stopped with it, however the test ends),
+    keeps its output lines, finds its game processes by port. Every wait ends by
+    `deadline`, before pytest-timeout's."""
+
+    def __init__(
+        self, started: StartedProcesses, deadline: Deadline, run_dir: Path, *args: str
+    ) -> None:
+        self.proc = start(started, run_dir, *args)
+        self.deadline = deadline
+        self.lines: list[str] = []
+        self.ports: dict[str, int] = {}
+        self.iteration = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if (m := GAMES_LINE.search(line)) is not None:
+                for item in m.group(1).split(", "):
+                    name, endpoint = item.split("=")
+                    self.ports[name] = int(endpoint.rsplit(":", 1)[1])
+            if (m := ITER_LINE.match(line)) is not None:
+                self.iteration = int(m.group(1))
+
+    def game(self, name: str) -> psutil.Process:
+        """The live process of game `name` now (a restart gives it a new pid)."""
+        port = str(self.ports[name])
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                argv = child.cmdline()
+            except psutil.Error:
+                continue
+            if "mock-ue" in argv and argv[argv.index("--port") + 1] == port:
+                return child
+        raise LookupError(f"no live process for {name} (port {port})")
+
+    def wait_iteration(self, n: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + self.deadline.left(timeout_s)
+        while self.iteration < n:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"never reached iteration {n}:\n" + self.output)
+            time.sleep(0.1)
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def finish(self, timeout_s: float) -> int:
+        try:
+            code = self.proc.wait(timeout=self.deadline.left(timeout_s))
+        except subprocess.TimeoutExpired:
+            raise AssertionError("uerl local did not finish:\n" + self.output) from None
+        self._reader.join(timeout=10)
+        return code
+
+
+def retry_signal(watcher: LocalRunWatcher, name: str, sig: signal.Signals) -> psutil.Process:
+    """Signal the game's current process (it may be between restarts for a moment)."""
+    deadline = time.monotonic() + guard(60)  # a restart on a loaded host
+    while True:
+        try:
+            process = watcher.game(name)
+            process.send_signal(sig)
+            return process
+        except (LookupError, psutil.NoSuchProcess):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

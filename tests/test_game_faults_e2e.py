@@ -10,22 +10,17 @@ import json
 import random
 import re
 import signal
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 from host_speed import guard
-from local_runs import run_local, start
+from local_runs import ITER_LINE, LocalRunWatcher, retry_signal, run_local
 from proc_tree import Deadline, StartedProcesses, TreeSampler
 
 from training.local import processes
 
-GAMES_LINE = re.compile(r"games (.*) \(up in")
-# `runners H/T`, then `, U unknown` when some runners did not report that iteration.
-ITER_LINE = re.compile(r"^iter\s+(\d+) .*\| runners (\d+)/(\d+)(?:, (\d+) unknown)?$")
 FAULT_LINE = re.compile(r"game of env runner (\d+) \(.*\) failed")
 BACK_LINE = re.compile(r"game of env runner (\d+) \(.*\) is back")
 # Iterations of 500 env steps where a test only needs the run to be going: training's
@@ -33,81 +28,8 @@ BACK_LINE = re.compile(r"game of env runner (\d+) \(.*\) is back")
 SMALL_BATCH = ("--train-batch-size", "500", "--minibatch-size", "100")
 
 
-class LocalRunWatcher:
-    """Runs `uerl local` (owned by `started`: stopped with it, however the test ends),
-    keeps its output lines, finds its game processes by port. Every wait ends by
-    `deadline`, before pytest-timeout's."""
-
-    def __init__(
-        self, started: StartedProcesses, deadline: Deadline, run_dir: Path, *args: str
-    ) -> None:
-        self.proc = start(started, run_dir, *args)
-        self.deadline = deadline
-        self.lines: list[str] = []
-        self.ports: dict[str, int] = {}
-        self.iteration = 0
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if (m := GAMES_LINE.search(line)) is not None:
-                for item in m.group(1).split(", "):
-                    name, endpoint = item.split("=")
-                    self.ports[name] = int(endpoint.rsplit(":", 1)[1])
-            if (m := ITER_LINE.match(line)) is not None:
-                self.iteration = int(m.group(1))
-
-    def game(self, name: str) -> psutil.Process:
-        """The live process of game `name` now (a restart gives it a new pid)."""
-        port = str(self.ports[name])
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                argv = child.cmdline()
-            except psutil.Error:
-                continue
-            if "mock-ue" in argv and argv[argv.index("--port") + 1] == port:
-                return child
-        raise LookupError(f"no live process for {name} (port {port})")
-
-    def wait_iteration(self, n: int, timeout_s: float) -> None:
-        deadline = time.monotonic() + self.deadline.left(timeout_s)
-        while self.iteration < n:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"never reached iteration {n}:\n" + self.output)
-            time.sleep(0.1)
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def finish(self, timeout_s: float) -> int:
-        try:
-            code = self.proc.wait(timeout=self.deadline.left(timeout_s))
-        except subprocess.TimeoutExpired:
-            raise AssertionError("uerl local did not finish:\n" + self.output) from None
-        self._reader.join(timeout=10)
-        return code
-
-
 def _mtime(path: Path) -> float:
     return path.stat().st_mtime
-
-
-def _retry_signal(watcher: LocalRunWatcher, name: str, sig: signal.Signals) -> psutil.Process:
-    """Signal the game's current process (it may be between restarts for a moment)."""
-    deadline = time.monotonic() + guard(60)  # a restart on a loaded host
-    while True:
-        try:
-            process = watcher.game(name)
-            process.send_signal(sig)
-            return process
-        except (LookupError, psutil.NoSuchProcess):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 # Half of training's default batch: the five SIGSTOPs (about 23 s in all) must still end
@@ -143,10 +65,10 @@ def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoin
             run.wait_iteration(after_iteration, timeout_s=guard(600))
             name = f"ue-{rng.randint(1, 3)}"
             if k % 2 == 0:
-                _retry_signal(run, name, signal.SIGKILL)
+                retry_signal(run, name, signal.SIGKILL)
                 faults.append((name, "SIGKILL"))
             else:
-                stopped = _retry_signal(run, name, signal.SIGSTOP)
+                stopped = retry_signal(run, name, signal.SIGSTOP)
                 time.sleep(rng.uniform(3.0, 6.0))  # longer than the 2 s RPC deadline
                 stopped.send_signal(signal.SIGCONT)
                 faults.append((name, "SIGSTOP+SIGCONT"))
@@ -196,7 +118,7 @@ def test_a_game_past_its_restart_cap_stops_training_with_a_final_checkpoint(
     )  # fmt: skip
     with TreeSampler(run.proc.pid) as sampler:
         run.wait_iteration(2, timeout_s=guard(600))
-        _retry_signal(run, "ue-1", signal.SIGKILL)
+        retry_signal(run, "ue-1", signal.SIGKILL)
         code = run.finish(timeout_s=guard(600))
     output = run.output
     assert code == 1, output
@@ -223,7 +145,7 @@ def test_no_game_answering_for_the_limit_stops_training_naming_every_game(
     try:
         with TreeSampler(run.proc.pid) as sampler:
             run.wait_iteration(2, timeout_s=guard(600))
-            stopped = [_retry_signal(run, n, signal.SIGSTOP) for n in ("ue-1", "ue-2")]
+            stopped = [retry_signal(run, n, signal.SIGSTOP) for n in ("ue-1", "ue-2")]
             started = time.monotonic()
             code = run.finish(timeout_s=guard(600))
             gave_up_after = time.monotonic() - started

@@ -167,6 +167,8 @@ class LocalRayCluster(processes.StartedGroup):
         stop_grace_s: float = 15.0,
         log_dir: Path | None = None,
         dashboard: bool = False,
+        metrics_targets: Path | None = None,
+        metrics_labels: dict[str, str] | None = None,
     ) -> None:
         if not nodes or nodes[0].role != "head" or any(n.role == "head" for n in nodes[1:]):
             raise ValueError("nodes must start with exactly one head node")
@@ -182,6 +184,12 @@ class LocalRayCluster(processes.StartedGroup):
         self.dashboard_port = 0
         self._nodes: list[_Node] = []
         self._stopped = False
+        # Each node's metrics agent serves Prometheus' text format (Ray's metrics and
+        # uerl's, training.telemetry) on a port of its own; kept in `metrics_targets`, a
+        # Prometheus file_sd file, as nodes come and go.
+        self.metrics_ports: dict[str, int] = {}
+        self.metrics_targets = metrics_targets
+        self.metrics_labels = dict(metrics_labels or {})
         # What `add_worker_nodes` copies, and how many worker names were ever used.
         workers = [spec for spec in nodes if spec.role == "worker"]
         self._worker_template = workers[0] if workers else None
@@ -215,6 +223,30 @@ class LocalRayCluster(processes.StartedGroup):
         for node in self._nodes[1:]:
             self._wait_started(node, deadline)
         self._wait_registered(deadline)
+        self._write_metrics_targets()
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Each node's metrics endpoint (Prometheus text), by node name."""
+        return {
+            n.spec.name: f"http://{NODE_IP}:{self.metrics_ports[n.spec.name]}/metrics"
+            for n in self._nodes
+            if n.spec.name in self.metrics_ports
+        }
+
+    def _write_metrics_targets(self) -> None:
+        if self.metrics_targets is None:
+            return
+        groups = [
+            {
+                "targets": [f"{NODE_IP}:{self.metrics_ports[n.spec.name]}"],
+                "labels": {**self.metrics_labels, "uerl_node": n.spec.name},
+            }
+            for n in self._nodes
+            if n.spec.name in self.metrics_ports
+        ]
+        tmp = self.metrics_targets.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups, indent=2) + "\n")
+        tmp.replace(self.metrics_targets)  # a scraper never reads half a file
 
     def stop(self) -> None:
         """Stop every node (workers first, head last); idempotent."""
@@ -260,6 +292,7 @@ class LocalRayCluster(processes.StartedGroup):
             # Stop the nodes this call started (their names stay used: own temp dirs).
             self.remove_worker_nodes([spec.name for spec in new])
             raise
+        self._write_metrics_targets()
         return [spec.name for spec in new]
 
     def busy_worker_nodes(self) -> set[str]:
@@ -281,6 +314,7 @@ class LocalRayCluster(processes.StartedGroup):
         survivors = processes.terminate([n.proc for n in leaving], grace_s=self.stop_grace_s)
         self._nodes = [n for n in self._nodes if n not in leaving]
         self.specs = [s for s in self.specs if s.name not in names]
+        self._write_metrics_targets()
         if survivors:
             raise LocalClusterError(f"processes survived SIGKILL: {sorted(survivors)}")
 
@@ -312,6 +346,7 @@ class LocalRayCluster(processes.StartedGroup):
             # Every node runs a dashboard agent; on one IP they need distinct HTTP ports
             # (the default 52365 would go to the first node only).
             f"--dashboard-agent-listen-port={processes.free_port()}",
+            f"--metrics-export-port={self._metrics_port(spec)}",
         ]
         if spec.resources:
             argv.append(f"--resources={json.dumps(spec.resources)}")
@@ -332,6 +367,10 @@ class LocalRayCluster(processes.StartedGroup):
         else:
             argv.append(f"--address={self.address}")
         return argv
+
+    def _metrics_port(self, spec: NodeSpec) -> int:
+        self.metrics_ports[spec.name] = processes.free_port()
+        return self.metrics_ports[spec.name]
 
     def _launch(self, spec: NodeSpec) -> None:
         self._nodes.append(_Node(spec, *self._spawn(spec)))

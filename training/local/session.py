@@ -108,6 +108,12 @@ def _serve(
                 scaler.publish(endpoints)
                 scaler.start()
                 print(_up_line(prog, cluster, games, game_tls, started), flush=True)
+                print(
+                    f"{prog}: metrics (Prometheus) of each Ray node, uerl's among Ray's: "
+                    f"{', '.join(cluster.metrics_urls().values())}; scrape targets in "
+                    f"{run_dir / METRICS_TARGETS_FILE} (file_sd)",
+                    flush=True,
+                )
                 code = work(endpoints, stop)
     except KeyboardInterrupt:
         print(f"{prog}: aborted; everything started was stopped", file=sys.stderr)
@@ -124,6 +130,10 @@ def _serve(
     return code
 
 
+# The nodes' metrics endpoints as a Prometheus file_sd file, kept as nodes come and go.
+METRICS_TARGETS_FILE = "metrics_targets.json"
+
+
 def _print_line(line: str) -> None:
     print(line, flush=True)
 
@@ -137,6 +147,8 @@ def _cluster(topology: Topology, run_dir: Path, *, dashboard: bool) -> LocalRayC
         start_timeout_s=topology.ray.start_timeout_s,
         log_dir=run_dir / "logs",
         dashboard=dashboard,
+        metrics_targets=run_dir / METRICS_TARGETS_FILE,
+        metrics_labels={"stack": topology.name},
     )
 
 

@@ -227,6 +227,7 @@ def connection_for(
     request_timeout_s: float = 60.0,
     fault_wait_s: float = 2.0,
     give_up_after_s: float = 300.0,
+    run_name: str = "",
 ) -> UEConnection:
     return UEConnection(
         url_template=endpoints.worker_url_template,
@@ -239,6 +240,8 @@ def connection_for(
         tls_ca_path=endpoints.tls.ca_path if endpoints.tls else None,
         tls_cert_path=endpoints.tls.cert_path if endpoints.tls else None,
         tls_key_path=endpoints.tls.key_path if endpoints.tls else None,
+        stack=endpoints.cluster_name,
+        run=run_name,
     )
 
 
@@ -275,8 +278,10 @@ def build_algo_config(
     sample_timeout_s: float = 60.0,
     self_play: SelfPlaySettings | None = None,
     env_runner: EnvRunnerChoice = "auto",
+    run_name: str = "",
 ) -> Any:
-    """The AlgorithmConfig (PPO, APPO or IMPALA) to `build_algo()`."""
+    """The AlgorithmConfig (PPO, APPO or IMPALA) to `build_algo()`; `run_name` labels
+    the env runners' metrics."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     check_fits(game.policies, algo=algo, num_learners=endpoints.num_learners)
@@ -290,6 +295,7 @@ def build_algo_config(
             request_timeout_s=request_timeout_s,
             fault_wait_s=fault_wait_s,
             give_up_after_s=give_up_after_s,
+            run_name=run_name,
         ),
         num_env_runners=endpoints.num_env_runners,
         custom_resource=endpoints.custom_resource,

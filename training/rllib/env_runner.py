@@ -38,6 +38,7 @@ from training.rllib.console import retag_if_quiet
 from training.rllib.game_health import GameHealth
 from training.rllib.runner_registry import RunnerRegistry
 from training.rllib.shared_health import SharedGameHealth
+from training.telemetry.ray_metrics import RunnerMetrics
 
 if TYPE_CHECKING:
     from training.rllib.vector_env import UEVectorEnv
@@ -71,6 +72,9 @@ class UEConnection(BaseModel):
     # The game client: "auto" (compiled when built and the game is plaintext), "native"
     # or "python" (training/clients). None: the runner's UERL_GAME_CLIENT.
     client: Literal["auto", "native", "python"] | None = None
+    # Labels of the runner's metrics (training.telemetry): the stack's and the run's names.
+    stack: str = ""
+    run: str = ""
 
     def endpoint_for(self, worker_index: int) -> str:
         """`host:port` of the game that env runner `worker_index` talks to."""
@@ -144,6 +148,8 @@ class UEGameRunner:
         self._expected_game: dict[str, Any] | None = None
         # Set after a rescale: this runner's share of the train batch per environment.
         self._fragment_length: int | None = None
+        self._telemetry: RunnerMetrics | None = None
+        self._game_env: UEVectorEnv | None = None
         _quiet_rllib_about_game_faults()
         # RLlib's logger is created on import, after the job's worker setup hook ran.
         retag_if_quiet()
@@ -226,6 +232,7 @@ class UEGameRunner:
             return self._sampled_nothing()
         if health.first_sample_at is None:
             health.first_sample_at = time.time()
+        self._publish_sampled(episodes)
         lockstep = self.config.env_config.get(LOCKSTEP_AGENTS_KEY)
         return self._in_lockstep(episodes, lockstep) if lockstep else episodes
 
@@ -252,11 +259,31 @@ class UEGameRunner:
         health.fault(message)
         if was_healthy:
             self._shared.publish(health.runner_index, health.down_since)
+            self.telemetry.game_down(health.down_since or time.time())
 
     def _note_recovery(self) -> None:
         health = self.game_health_state()
         health.recovered()
         self._shared.publish(health.runner_index, None)
+        self.telemetry.game_back()
+
+    @property
+    def telemetry(self) -> RunnerMetrics:
+        if self._telemetry is None:
+            connection, health = self.connection, self.game_health_state()
+            self._telemetry = RunnerMetrics(
+                stack=connection.stack,
+                run=connection.run,
+                runner=health.runner_index,
+                game=health.endpoint,
+            )
+        return self._telemetry
+
+    def _publish_sampled(self, episodes: list[Any]) -> None:
+        """This sample's env steps and each step RPC's time, to the runner's metrics."""
+        steps = sum(episode.env_steps() for episode in episodes)
+        game = self._game_env
+        self.telemetry.sampled(steps, game.drain_step_seconds() if game is not None else ())
 
     def game_health(self) -> dict[str, Any]:
         """The report the driver reads after each iteration (drains the events)."""
@@ -320,6 +347,7 @@ class UEGameRunner:
                 "spaces than before; restart training for a different build",
             )
         self._game_signature = signature
+        self._game_env = env
         try:
             self.env = self._env_view(env)
         except BaseException:

@@ -15,6 +15,7 @@ game's policies it is (`env_config[SINGLE_AGENT_POLICY_KEY]`, the checkpoint's
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -88,8 +89,11 @@ class UESingleAgentVectorEnv(gym.vector.VectorEnv):
         self, actions: Any
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, list[dict[str, str]]]:
         n = self.num_envs
+        started = time.perf_counter()
         request = self._codec.encode(n, [ActionColumn(0, self._all_envs, self._values(actions))])
-        col = self.game.decode_columns(self._client.update_bytes(request, STEP))[0]
+        reply = self._client.update_bytes(request, STEP)
+        self.game.step_seconds.append(time.perf_counter() - started)  # as the game's own step
+        col = self.game.decode_columns(reply)[0]
         if len(col.env) != n:
             missing = sorted(set(range(n)).difference(col.env.tolist()))
             raise UEGameRefused(self.endpoint, STEP, self._missing_agent(missing[0]))

@@ -10,6 +10,8 @@ name the endpoint, environment, agent and field at fault.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +31,9 @@ from training.protocol.step_layout import AgentColumns, StepLayout, WireError
 from training.protocol.transport import RESET, STEP
 from training.rllib.episodes import open_episodes
 from training.tls.config import TLSConfig
+
+# Step times a runner that never drains them keeps (a bench, a test): the newest.
+STEP_TIMES_KEPT = 4096
 
 
 class UESubEnv(MultiAgentEnv):
@@ -101,6 +106,8 @@ class UEVectorEnv(VectorMultiAgentEnv):
         self.layout = StepLayout(self.single_observation_spaces, self.single_action_spaces)
         self.codec = open_step_codec(self.layout, client)
         self.episodes = open_episodes(self.possible_agents, self.num_envs, client)
+        # Each step's time until the env runner drains them; bounded if none does.
+        self.step_seconds: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
         # Everything compiled: one call per step (see training/clients/native_vector_step.py).
         self._fast_step = None
         if native.available():
@@ -158,13 +165,24 @@ class UEVectorEnv(VectorMultiAgentEnv):
         n = self.num_envs
         if len(actions) != n:
             raise ValueError(f"{len(actions)} action dicts for {n} environments")
+        started = time.perf_counter()
         if self._fast_step is not None:
             reply = self._fast_step(actions)
             if reply is not None:
+                self.step_seconds.append(time.perf_counter() - started)
                 observations, rewards, terminateds, truncateds, infos = reply
                 return observations, rewards, terminateds, truncateds, infos
         request = self.codec.encode(n, self.layout.gather(actions))
-        return self.decode_step(self.client.update_bytes(request, STEP))
+        reply_bytes = self.client.update_bytes(request, STEP)
+        self.step_seconds.append(time.perf_counter() - started)
+        return self.decode_step(reply_bytes)
+
+    def drain_step_seconds(self) -> list[float]:
+        """Each step RPC's time (encode, round trip, decode where compiled) since the last
+        call; the env runner publishes them (training.telemetry)."""
+        out = list(self.step_seconds)
+        self.step_seconds.clear()
+        return out
 
     def close_extras(self, **kwargs: Any) -> None:
         self.client.close()

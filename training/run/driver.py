@@ -28,6 +28,7 @@ from training.run.options import TrainOptions, run_env_runner, run_policies
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
 from training.run.tensorboard import TensorBoardWriter
+from training.telemetry.ray_metrics import DriverMetrics, IterationFigures
 
 CSV_NAME = "metrics.csv"
 PNG_NAME = "learning_curve.png"
@@ -149,6 +150,7 @@ def _run_training(
             sample_timeout_s=options.sample_timeout_s,
             self_play=_league_settings(options),
             env_runner=run_env_runner(options),
+            run_name=options.run_dir.name,
         )
         log(
             f"building {options.algo}: {endpoints.num_env_runners} env runner(s) "
@@ -166,6 +168,7 @@ def _run_training(
             result = _loop(
                 algo, options, stop, log, board, game,
                 _rescaler(algo, endpoints, game, options, log), store,
+                DriverMetrics(stack=endpoints.cluster_name, run=options.run_dir.name),
             )  # fmt: skip
         finally:
             algo.stop()
@@ -280,6 +283,7 @@ def _loop(
     game: GameSpec | None = None,
     rescaler: Rescaler | None = None,
     store: Callable[[], None] = _nothing,
+    published: DriverMetrics | None = None,
 ) -> TrainResult:
     result = TrainResult()
     rows, previous = _resume(algo, options, log)
@@ -308,11 +312,15 @@ def _loop(
             # Each iteration's row is stored as it is made: a lost head keeps them all.
             metrics.write_csv(options.run_dir / CSV_NAME, rows)
             tensorboard.write(row, train_result, board.fresh_reports())
+            if published is not None:
+                published.iteration(_figures(row))
             if row.iteration % options.checkpoint_every == 0:
                 timings: dict[str, float] = {}
                 result.checkpoint = _save(algo, options, row, game, league, timings)
                 last_saved = row.iteration
                 log(_saved_line(result.checkpoint, timings))
+                if published is not None:
+                    published.checkpoint_written()
             store()
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
@@ -325,6 +333,19 @@ def _loop(
     if result.checkpoint is not None:
         log(f"checkpoint: {result.checkpoint}")
     return result
+
+
+def _figures(row: metrics.IterationRow) -> IterationFigures:
+    return IterationFigures(
+        iteration=row.iteration,
+        env_steps_total=row.env_steps_total,
+        env_steps_per_s=row.env_steps_per_s,
+        learner_steps_per_s=row.learner_steps_per_s,
+        episode_return_mean=row.episode_return_mean,
+        episode_len_mean=row.episode_len_mean,
+        runners_healthy=row.runners_healthy,
+        runners_total=row.runners_total,
+    )
 
 
 def _resume(algo: Any, options: TrainOptions, log: Log) -> tuple[list[metrics.IterationRow], int]:

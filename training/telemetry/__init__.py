@@ -1,0 +1,2 @@
+"""uerl's own metrics (Prometheus, through Ray's metrics pipeline): what they are,
+and who publishes which."""
