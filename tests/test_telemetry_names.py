@@ -50,3 +50,12 @@ def test_step_latency_buckets_rise_from_under_a_millisecond_to_past_a_request_ti
 @pytest.mark.parametrize("spec", rm.ALL_METRICS, ids=lambda s: s.name)
 def test_the_docs_list_the_metric_as_it_is_scraped(spec: rm.MetricSpec) -> None:
     assert f"`ray_{spec.name}`" in DOCS.read_text(), spec.name
+
+
+def test_a_runner_with_metrics_off_makes_no_metric_at_all() -> None:
+    # What `uerl bench --metrics-cost` compares with: not even Ray's metric objects.
+    off = rm.RunnerMetrics(stack="s", run="r", runner=1, game="127.0.0.1:1", enabled=False)
+    off.sampled(100, [0.001, 0.002])
+    off.game_down(1.0)
+    off.game_back()
+    assert off._metrics is None

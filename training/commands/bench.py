@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=4000,
         help="end to end: env steps per PPO iteration (default 4000, PPO's)",
     )
+    parser.add_argument(
+        "--metrics-cost",
+        action="store_true",
+        help="end to end: also uerl's first path with its env runners publishing no "
+        "metrics, to compare with it (what publishing costs)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
@@ -277,6 +283,7 @@ def main(argv: list[str]) -> int:
                 args.e2e_iterations,
                 client_paths(),
                 train_batch_size=args.e2e_batch_size,
+                metrics_cost=args.metrics_cost,
             )
     if args.json:
         data = {
@@ -332,4 +339,5 @@ E2E_LABELS = {
     "python": "uerl python client",
     "native": "uerl native client",
     "native_multi_agent": "uerl native client, multi-agent runner",
+    "metrics_off": "uerl, first client, metrics off",
 }

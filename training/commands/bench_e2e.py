@@ -148,6 +148,8 @@ class SamplingClock:
 
 BASELINE = "rllib"
 MULTI_AGENT_RUNNER = "native_multi_agent"
+# `--metrics-cost`: uerl's first path with its env runners publishing no metrics.
+METRICS_OFF = "metrics_off"
 ROUND_TRIP = "rllib_trip"
 ROUND_TRIP_ENV = "uerl-bench-round-trip"
 # Where the env runners reach the games.
@@ -179,6 +181,7 @@ def run(
     clients: list[str],
     runners: int = 2,
     train_batch_size: int = 4000,
+    metrics_cost: bool = False,
 ) -> list[E2EFigures]:
     import ray
     from ray.tune.registry import register_env
@@ -188,7 +191,7 @@ def run(
     from training.local.ray_cluster import NODE_IP, LocalRayCluster
 
     server = "native" if native.available() else "grpcio"
-    uerl = _uerl_paths(clients)
+    uerl = _uerl_paths(clients, metrics_cost)
     paths = [BASELINE, "multi_agent", ROUND_TRIP, *uerl]
     figures = {p: E2EFigures(p, envs_per_game) for p in paths}
     procs: list[subprocess.Popen[str]] = []
@@ -214,6 +217,7 @@ def run(
                     port=bases.get(path, bases[first]),
                     runners=runners,
                     train_batch_size=train_batch_size,
+                    metrics=path != METRICS_OFF,
                 )
                 algos[path] = _config_for_path(config, path, env_id, work_s).build_algo()
                 stack.callback(algos[path].stop)
@@ -224,11 +228,14 @@ def run(
     return list(figures.values())
 
 
-def _uerl_paths(clients: list[str]) -> dict[str, tuple[str, str]]:
+def _uerl_paths(clients: list[str], metrics_cost: bool = False) -> dict[str, tuple[str, str]]:
     """uerl's paths: which client each uses, on which env runner."""
     uerl = {client: (client, "auto") for client in clients}
     if "native" in clients:
         uerl[MULTI_AGENT_RUNNER] = ("native", "multi_agent")
+    if metrics_cost:
+        # The first client's path again, publishing no metrics: side by side with it.
+        uerl[METRICS_OFF] = (clients[0], "auto")
     return uerl
 
 
@@ -277,6 +284,7 @@ def _uerl_config(
     port: int,
     runners: int,
     train_batch_size: int,
+    metrics: bool = True,
 ) -> Any:
     """uerl's PPO config on the games at `port` (+1, +2, ... per env runner)."""
     from training.rllib.algorithm import build_ppo_config
@@ -287,6 +295,7 @@ def _uerl_config(
         port=port,
         port_offset_mode="per_worker",
         client=client,
+        metrics=metrics,
     )
     return build_ppo_config(
         game,

@@ -75,6 +75,8 @@ class UEConnection(BaseModel):
     # Labels of the runner's metrics (training.telemetry): the stack's and the run's names.
     stack: str = ""
     run: str = ""
+    # False: the runner publishes nothing (`uerl bench --metrics-cost` measures the cost).
+    metrics: bool = True
 
     def endpoint_for(self, worker_index: int) -> str:
         """`host:port` of the game that env runner `worker_index` talks to."""
@@ -276,6 +278,7 @@ class UEGameRunner:
                 run=connection.run,
                 runner=health.runner_index,
                 game=health.endpoint,
+                enabled=connection.metrics,
             )
         return self._telemetry
 

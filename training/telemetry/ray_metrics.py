@@ -131,8 +131,11 @@ class RunnerMetrics:
     """One env runner's figures (made in its Ray worker process, lazily: Ray's metric
     objects need the worker connected)."""
 
-    def __init__(self, *, stack: str, run: str, runner: int, game: str) -> None:
+    def __init__(
+        self, *, stack: str, run: str, runner: int, game: str, enabled: bool = True
+    ) -> None:
         self.tags = {"stack": stack, "run": run, "runner": str(runner), "game": game}
+        self.enabled = enabled
         self._metrics: dict[str, Any] | None = None
 
     def _get(self) -> dict[str, Any]:
@@ -143,6 +146,8 @@ class RunnerMetrics:
         return self._metrics
 
     def sampled(self, env_steps: int, step_seconds: Iterable[float]) -> None:
+        if not self.enabled:
+            return
         metrics = self._get()
         if env_steps > 0:
             metrics[ENV_STEPS.name].inc(env_steps)
@@ -151,12 +156,16 @@ class RunnerMetrics:
             histogram.observe(seconds)
 
     def game_down(self, since: float) -> None:
+        if not self.enabled:
+            return
         metrics = self._get()
         metrics[GAME_UP.name].set(0)
         metrics[GAME_DOWN_SINCE.name].set(since)
         metrics[GAME_FAULTS.name].inc(1)
 
     def game_back(self) -> None:
+        if not self.enabled:
+            return
         metrics = self._get()
         metrics[GAME_UP.name].set(1)
         metrics[GAME_DOWN_SINCE.name].set(0)
