@@ -156,7 +156,7 @@ def _fake_ray_start(tmp_path: Path, *, outcomes: list[str]):
 
     def spawn(spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path, int]:
         log = tmp_path / f"{spec.name}.log"
-        offset = log.stat().st_size if log.exists() else 0
+        offset = processes.log_end(log)
         argv = [sys.executable, "-c", scripts[outcomes.pop(0)]]
         return processes.spawn(argv, log_path=log), log, offset
 

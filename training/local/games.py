@@ -57,12 +57,7 @@ class MockGame:
     log_offset: int = 0
 
     def this_start(self) -> str:
-        try:
-            with self.log.open("rb") as fh:
-                fh.seek(self.log_offset)
-                return fh.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return processes.read_from(self.log, self.log_offset)
 
     @property
     def endpoint(self) -> str:
@@ -243,7 +238,7 @@ class LocalMockGames(processes.StartedGroup):
     def _launch(self, name: str, port: int) -> MockGame:
         log = self.run_dir / f"{name}.log"
         stats = self.run_dir / f"{name}.stats.json"
-        offset = log.stat().st_size if log.exists() else 0
+        offset = processes.log_end(log)
         proc = self._spawn(port, log, stats)
         return MockGame(
             name,
@@ -330,7 +325,7 @@ class LocalMockGames(processes.StartedGroup):
         game.stats_files.append(game.stats_file)
         with game.log.open("a") as fh:
             fh.write(f"--- uerl local: restart {game.policy.restarts} ---\n")
-        game.log_offset = game.log.stat().st_size
+        game.log_offset = processes.log_end(game.log)
         game.proc = self._spawn(game.port, game.log, game.stats_file)
         game.started_at = time.monotonic()
 

@@ -220,6 +220,25 @@ def free_port_block(count: int, *, low: int | None = None, high: int | None = No
     raise RuntimeError(f"no block of {count} free TCP ports found in {low}..{high - 1}")
 
 
+def log_end(path: Path) -> int:
+    """Where the next line appended to `path` begins (0: no file yet)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def read_from(path: Path, offset: int) -> str:
+    """`path`'s text from byte `offset` on: one start's lines in a log that a kept run dir
+    (`--resume`) carries over from earlier starts ("" if it cannot be read)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def tail(path: Path, lines: int = 20) -> str:
     try:
         text = path.read_text(errors="replace")

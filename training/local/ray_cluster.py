@@ -99,12 +99,7 @@ class _Node:
 
     def this_start(self) -> str:
         """What the node's current `ray start` has written so far."""
-        try:
-            with self.log.open("rb") as fh:
-                fh.seek(self.log_offset)
-                return fh.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return processes.read_from(self.log, self.log_offset)
 
     def tail(self, lines: int = 20) -> str:
         return "\n".join(self.this_start().splitlines()[-lines:]) or "(no log lines)"
@@ -382,7 +377,7 @@ class LocalRayCluster(processes.StartedGroup):
         bin_dir = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
         log = self.log_dir / f"{spec.name}.log"
-        offset = log.stat().st_size if log.exists() else 0
+        offset = processes.log_end(log)
         return processes.spawn(self._argv(spec), log_path=log, env=env), log, offset
 
     def _wait_started(self, node: _Node, deadline: float) -> None:

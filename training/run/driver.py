@@ -11,7 +11,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -336,16 +336,8 @@ def _loop(
 
 
 def _figures(row: metrics.IterationRow) -> IterationFigures:
-    return IterationFigures(
-        iteration=row.iteration,
-        env_steps_total=row.env_steps_total,
-        env_steps_per_s=row.env_steps_per_s,
-        learner_steps_per_s=row.learner_steps_per_s,
-        episode_return_mean=row.episode_return_mean,
-        episode_len_mean=row.episode_len_mean,
-        runners_healthy=row.runners_healthy,
-        runners_total=row.runners_total,
-    )
+    """The row's figures the driver publishes (IterationFigures names a subset of its)."""
+    return IterationFigures(**{f.name: getattr(row, f.name) for f in fields(IterationFigures)})
 
 
 def _resume(algo: Any, options: TrainOptions, log: Log) -> tuple[list[metrics.IterationRow], int]:
