@@ -23,6 +23,7 @@ from infra import manifests
 from infra.components import (
     KubeRayOperator,
     RunStorage,
+    StackMetrics,
     StackNetworkPolicies,
     StackServiceAccounts,
     UeExecutablesVolume,
@@ -30,6 +31,7 @@ from infra.components import (
     UerlRayCluster,
 )
 from infra.components.k8s import register, stack_provider
+from infra.components.metrics_component import require_pod_monitor_crd
 from infra.topology import Topology, TopologyError
 
 
@@ -73,6 +75,9 @@ def main() -> None:
         objects = manifests.build(topology, PROJECT_ROOT)
     except TopologyError as exc:
         raise pulumi.RunError(str(exc)) from None
+
+    if objects.pod_monitor is not None:
+        require_pod_monitor_crd()
 
     base: list[pulumi.Resource] = []
     if objects.namespace is not None:
@@ -120,6 +125,9 @@ def main() -> None:
         keep = topology.runs.claim.keep_on_destroy
         cluster_deps.append(RunStorage("runs", objects.runs_pvc, keep, depends_on=base).pvc)
     UerlRayCluster(topology.name, objects.raycluster, objects.endpoints, depends_on=cluster_deps)
+
+    if objects.pod_monitor is not None:
+        StackMetrics("metrics", objects.pod_monitor, depends_on=base)
 
     if objects.ue_statefulset is not None and objects.ue_service is not None:
         UeGames("ue-games", objects.ue_statefulset, objects.ue_service, depends_on=game_deps)

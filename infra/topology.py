@@ -1069,6 +1069,81 @@ class SecuritySpec(_Spec):
     pod_security: Literal["restricted", "baseline", "privileged"] = "restricted"
 
 
+# Ray's metrics export port on every Ray node (KubeRay's default, kept): each node's
+# metrics agent serves Ray's and uerl's metrics there, in Prometheus' text format.
+METRICS_PORT = 8080
+# Prometheus' duration syntax as the PodMonitor's `interval` takes it: 30s, 1m, 1m30s.
+DURATION = re.compile(r"^(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?$")
+
+
+def _duration(value: str) -> str:
+    match = DURATION.fullmatch(value)
+    if not value or match is None:
+        raise ValueError(f"{described(value)} is not a duration such as 30s, 1m or 1m30s")
+    if not any(match.group(g) and int(match.group(g)) for g in (2, 4, 6)):
+        raise ValueError(f"{described(value)}: a scrape interval must be longer than 0s")
+    return value
+
+
+Duration = Annotated[str, BeforeValidator(_config_text), AfterValidator(_duration)]
+
+
+def _selector_labels(value: dict[str, str]) -> dict[str, str]:
+    k8s_rules.labels(value)
+    return value
+
+
+SelectorLabels = Annotated[dict[Text, Text], AfterValidator(_selector_labels)]
+
+
+class MetricsScraperSpec(_Spec):
+    """The Prometheus that scrapes the stack's Ray pods: the stack's NetworkPolicies let
+    its pods, and no others, reach the metrics port."""
+
+    # The namespace its pods run in, e.g. monitoring.
+    namespace: Text
+    # Labels its pods carry, e.g. {app.kubernetes.io/name: prometheus}. Empty: every pod
+    # of the namespace.
+    labels: SelectorLabels = {}
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return k8s_rules.dns1123_label(value, "namespace")
+
+
+class MetricsSpec(_Spec):
+    """Ray's and uerl's metrics (docs/kubernetes.md, "Watching a training"): every Ray
+    pod's metrics agent serves them on `port`."""
+
+    # The port every Ray pod serves metrics on (Ray's --metrics-export-port), named
+    # `metrics` in the pods.
+    port: int = Field(default=METRICS_PORT, ge=1, le=65535)
+    # Make a PodMonitor (the Prometheus Operator's CRD, which the cluster must have) that
+    # selects the stack's Ray pods' metrics port.
+    pod_monitor: bool = False
+    # How often Prometheus scrapes the pods (the PodMonitor's interval).
+    interval: Duration = "30s"
+    # Labels of the PodMonitor itself, for a Prometheus that picks PodMonitors by label
+    # (kube-prometheus-stack's: {release: <its Helm release>}).
+    pod_monitor_labels: Labels = {}
+    # Who scrapes: with `security.network_policies`, only the Ray pods of the stack may
+    # reach each other, so a PodMonitor needs its Prometheus named here.
+    scraper: MetricsScraperSpec | None = None
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, value: int) -> int:
+        taken = {
+            GCS_PORT: "Ray's GCS",
+            CLIENT_PORT: "Ray's client",
+            DASHBOARD_PORT: "Ray's dashboard",
+        }
+        if value in taken:
+            raise ValueError(f"{value} is {taken[value]} port on the head: choose another")
+        return value
+
+
 class Topology(_Spec):
     """A whole uerl deployment."""
 
@@ -1097,6 +1172,7 @@ class Topology(_Spec):
     operator: OperatorSpec = OperatorSpec()
     security: SecuritySpec = SecuritySpec()
     runs: RunsSpec = RunsSpec()
+    metrics: MetricsSpec = MetricsSpec()
 
     @field_validator("name")
     @classmethod
@@ -1185,6 +1261,31 @@ class Topology(_Spec):
                 f"runs.s3.endpoint is {where}: give the store as an IP address or an "
                 "in-cluster Service (http://<service>.<namespace>.svc:<port>), or set "
                 "restrict_egress false",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _scraper_reaches_the_metrics(self) -> Topology:
+        metrics, fenced = self.metrics, self.security.network_policies
+        if metrics.pod_monitor and fenced and metrics.scraper is None:
+            raise FieldError(
+                ("metrics", "scraper"),
+                "is needed with metrics.pod_monitor: the stack's NetworkPolicies admit only "
+                "its own pods, so name the Prometheus that scrapes them (namespace, and "
+                "the labels of its pods), or its scrapes are refused",
+            )
+        if metrics.scraper is not None and not fenced:
+            raise FieldError(
+                ("metrics", "scraper"),
+                "admits a scraper through the stack's NetworkPolicies, and "
+                "security.network_policies is false: every pod may reach the metrics "
+                "port already; remove metrics.scraper",
+            )
+        if self.pattern == "sidecar" and metrics.port == self.simulator.port:
+            raise FieldError(
+                ("metrics", "port"),
+                f"{metrics.port} is a port of the sidecar games in the workers' pods: "
+                "choose another",
             )
         return self
 

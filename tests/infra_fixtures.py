@@ -200,15 +200,19 @@ def raycluster_errors(obj: dict[str, Any]) -> list[str]:
 # -- Pulumi program under mocks --------------------------------------------------
 
 
-def run_program(*sets: str, topology: Any = None) -> dict[str, Any]:
+def run_program(
+    *sets: str, topology: Any = None, config: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run infra/__main__.py under mocks in a fresh process, as `pulumi up` runs it.
 
     Config: Pulumi.dev.yaml's `uerl:topology` after the `pulumi config set
-    --path` edits in `sets` (or `topology` verbatim), passed the way the
-    Pulumi CLI passes it: JSON in PULUMI_CONFIG.
+    --path` edits in `sets` (or `topology` verbatim), and `config`'s other keys
+    (e.g. `kubernetes:kubeconfig`), passed the way the Pulumi CLI passes them: JSON in
+    PULUMI_CONFIG.
     """
     value = apply_sets(dev_stack_topology(), sets) if topology is None else topology
-    env = {**os.environ, "PULUMI_CONFIG": json.dumps({"uerl:topology": json.dumps(value)})}
+    values = {"uerl:topology": json.dumps(value), **(config or {})}
+    env = {**os.environ, "PULUMI_CONFIG": json.dumps(values)}
     proc = subprocess.run(
         [sys.executable, str(HARNESS)],
         cwd=PROJECT_ROOT,

@@ -83,7 +83,19 @@ def test_every_object_and_pod_template_carries_the_recommended_labels(variant: s
 
 def test_head_schedules_nothing_and_serves_the_dashboard() -> None:
     head = groups(built("dev-sidecar").raycluster)["head"]
-    assert head["rayStartParams"] == {"num-cpus": "0", "dashboard-host": "0.0.0.0"}
+    params = head["rayStartParams"]
+    assert (params["num-cpus"], params["dashboard-host"]) == ("0", "0.0.0.0")
+
+
+@ALL
+def test_every_ray_pod_serves_metrics_on_the_topologys_port_by_kuberays_port_name(
+    variant: str,
+) -> None:
+    port = str(dev_topology(*TOPOLOGY_VARIANTS[variant]).metrics.port)
+    for name, group in groups(built(variant).raycluster).items():
+        assert group["rayStartParams"]["metrics-export-port"] == port, name
+        ray = group["template"]["spec"]["containers"][0]
+        assert {"name": "metrics", "containerPort": int(port)} in ray["ports"], name
 
 
 @ALL

@@ -1,6 +1,7 @@
 """Pulumi components wrapping the plain objects built by infra.manifests."""
 
 from infra.components.instances import UeGames
+from infra.components.metrics_component import StackMetrics
 from infra.components.network_policies import StackNetworkPolicies
 from infra.components.operator_component import KubeRayOperator
 from infra.components.raycluster_component import UerlRayCluster
@@ -11,6 +12,7 @@ from infra.components.volume_component import UeExecutablesVolume
 __all__ = [
     "KubeRayOperator",
     "RunStorage",
+    "StackMetrics",
     "StackNetworkPolicies",
     "StackServiceAccounts",
     "UeExecutablesVolume",

@@ -104,6 +104,15 @@ def _read(api: Any, name: str) -> dict[str, Any] | None:
     return _call(f"reading CRD {name}", api.read_custom_resource_definition, name)
 
 
+def served_crd(kubeconfig: str | None, context: str | None, name: str) -> bool | None:
+    """Whether the stack's cluster serves the CRD `name`; None when there is no cluster
+    to ask (no kubeconfig, or its API unreachable): the provider then says so itself."""
+    try:
+        return _read(_api({"kubeconfig": kubeconfig, "context": context}), name) is not None
+    except CrdError:
+        return None
+
+
 def _managers(crd: dict[str, Any]) -> set[str]:
     return {str(m.get("manager")) for m in crd["metadata"].get("managedFields") or []}
 

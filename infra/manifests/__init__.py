@@ -15,6 +15,7 @@ from infra.manifests import (
     network_policy,
     operator,
     placement,
+    pod_monitor,
     raycluster,
     runs_storage,
     simulator,
@@ -46,6 +47,8 @@ class Manifests:
     service_accounts: tuple[K8sObject, ...] = ()
     # The claim the runs are stored on (`runs.store: claim`, unless an existing one).
     runs_pvc: K8sObject | None = None
+    # The Prometheus Operator's PodMonitor for the Ray pods (`metrics.pod_monitor`).
+    pod_monitor: K8sObject | None = None
 
     def objects(self) -> list[K8sObject]:
         """Every object, in apply order."""
@@ -60,6 +63,7 @@ class Manifests:
                 self.loader_job,
                 self.endpoints,
                 self.raycluster,
+                self.pod_monitor,
                 self.ue_service,
                 self.ue_statefulset,
             )
@@ -83,6 +87,7 @@ def build(topology: Topology, project_root: Path = PROJECT_ROOT) -> Manifests:
         network_policies=tuple(network_policy.policies(topology)),
         service_accounts=tuple(placement.service_accounts(topology)),
         runs_pvc=runs_storage.pvc(topology),
+        pod_monitor=pod_monitor.pod_monitor(topology),
     )
 
 

@@ -10,6 +10,8 @@ stacks in one namespace are fenced from each other too:
   the head's GCS, client and dashboard ports (job submission from outside).
 - `<name>-ray-head-supervisor`: the stack's run supervisors (`uerl submit --supervise`)
   may reach the head's dashboard port (the job API), to resubmit a run the head lost.
+- `<name>-ray-metrics` (`metrics.scraper`): the Prometheus named there may reach the
+  Ray pods' metrics port, nothing else.
 - `<name>-ue` (networked): games accept their game port only from the stack's Ray pods.
 - With `security.restrict_egress`, the same pods may send only to the stack's own
   pods and to DNS; `<name>-ray-head-runs` lets the head reach the run store
@@ -137,6 +139,27 @@ def _head_supervisor(topology: Topology) -> K8sObject:
     )
 
 
+def _metrics_scraper(topology: Topology) -> K8sObject | None:
+    scraper = topology.metrics.scraper
+    if scraper is None:
+        return None
+    # The label every namespace carries (Kubernetes >= 1.21); both selectors in one
+    # peer: the scraper's pods in the scraper's namespace, not either.
+    names = {"matchLabels": {"kubernetes.io/metadata.name": scraper.namespace}}
+    peer: dict[str, Any] = {"namespaceSelector": names, "podSelector": {}}
+    if scraper.labels:
+        peer["podSelector"] = {"matchLabels": dict(scraper.labels)}
+    return _policy(
+        topology,
+        f"{topology.name}-ray-metrics",
+        {
+            "podSelector": ray_pods(topology),
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [peer], "ports": _tcp(topology.metrics.port)}],
+        },
+    )
+
+
 def _head_run_store(topology: Topology) -> K8sObject | None:
     s3 = topology.runs.s3
     if not topology.security.restrict_egress or topology.runs.store != "s3" or s3 is None:
@@ -186,6 +209,7 @@ def policies(topology: Topology) -> list[K8sObject]:
         _head_external(topology),
         _head_supervisor(topology),
         _head_run_store(topology),
+        _metrics_scraper(topology),
         _games(topology),
     )
     return [policy for policy in built if policy is not None]

@@ -38,6 +38,8 @@ ENDPOINTS_VOLUME = "uerl-endpoints"
 # its own, so its size is a topology field and `uerl render` shows it.
 SHM_VOLUME = "uerl-shm"
 SHM_PATH = "/dev/shm"
+# The Ray container's metrics port, by KubeRay's own name for it.
+METRICS_PORT_NAME = "metrics"
 # What `pulumi up` waits for: the head pod ready now, and every Ray pod ready
 # (RayClusterProvisioned turns true once, when all of them first are).
 READY_CONDITIONS = ["condition=HeadPodReady", "condition=RayClusterProvisioned"]
@@ -86,6 +88,17 @@ def _ray_container(
     }
 
 
+def _metrics(topology: Topology) -> dict[str, str]:
+    """Ray's metrics export port, the topology's (KubeRay would give every container
+    its default port otherwise, whatever the topology says)."""
+    return {"metrics-export-port": str(topology.metrics.port)}
+
+
+def _metrics_port(topology: Topology) -> dict[str, Any]:
+    # Named as KubeRay names it: KubeRay adds no second one, and the PodMonitor finds it.
+    return {"name": METRICS_PORT_NAME, "containerPort": topology.metrics.port}
+
+
 def _head(topology: Topology) -> dict[str, Any]:
     head = topology.ray.head
     container = _ray_container(topology, "ray-head", sized_resources(head))
@@ -93,6 +106,7 @@ def _head(topology: Topology) -> dict[str, Any]:
         {"name": "gcs-server", "containerPort": GCS_PORT},
         {"name": "dashboard", "containerPort": DASHBOARD_PORT},
         {"name": "client", "containerPort": CLIENT_PORT},
+        _metrics_port(topology),
     ]
     # `ray job stop` then leaves `uerl train` time for its final checkpoint.
     container["env"] = [{"name": JOB_STOP_GRACE_ENV, "value": str(JOB_STOP_GRACE_S)}]
@@ -125,7 +139,7 @@ def _head(topology: Topology) -> dict[str, Any]:
     fs_group = pod_security.RAY_GID if topology.runs_claim_name is not None else None
     return {
         # The head runs the driver only: no tasks or actors are scheduled on it.
-        "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
+        "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", **_metrics(topology)},
         "template": _pod_template(topology, "ray-head", head, pod_spec, fs_group=fs_group),
     }
 
@@ -139,10 +153,11 @@ def _learners(topology: Topology) -> dict[str, Any]:
     spec = topology.learners
     resources = sized_resources(spec, spec.gpus, spec.gpu_resource)
     container = _ray_container(topology, "ray-worker", resources, spec.image)
+    container["ports"] = [_metrics_port(topology)]
     pod_spec: dict[str, Any] = {"containers": [container]}
     # num-cpus and memory come from the container's resources; the learner resource
     # keeps learners here (a worker node's CPUs would fit one too).
-    params = {"resources": custom_resources_param(spec.custom_resource)}
+    params = {"resources": custom_resources_param(spec.custom_resource), **_metrics(topology)}
     if spec.gpus > 0:
         # KubeRay counts GPUs only from a resource whose name ends in `gpu`.
         params["num-gpus"] = str(spec.gpus)
@@ -157,6 +172,7 @@ def _learners(topology: Topology) -> dict[str, Any]:
 def _workers(topology: Topology) -> dict[str, Any]:
     spec = topology.workers
     ray = _ray_container(topology, "ray-worker", sized_resources(spec))
+    ray["ports"] = [_metrics_port(topology)]
     pod_spec: dict[str, Any] = {"containers": [ray]}
     if topology.pattern == "sidecar":
         # The game shares the pod (and so localhost) with its env runner. As a
@@ -176,7 +192,10 @@ def _workers(topology: Topology) -> dict[str, Any]:
     return {
         "groupName": WORKER_GROUP,
         **_fixed_size(spec.replicas),
-        "rayStartParams": {"resources": custom_resources_param(spec.custom_resource)},
+        "rayStartParams": {
+            "resources": custom_resources_param(spec.custom_resource),
+            **_metrics(topology),
+        },
         "template": _pod_template(topology, "ray-env-runner", spec, pod_spec),
     }
 
