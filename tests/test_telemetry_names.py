@@ -10,8 +10,9 @@ import pytest
 from training.telemetry import ray_metrics as rm
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "kubernetes.md"
-# Label values a topology bounds (its size, its names): never a step, a time or a seed.
-BOUNDED_TAGS = {"stack", "run", "runner", "game"}
+# Label values a topology or a game bounds (its size, its names, its policies, the
+# algorithm's losses): never a step, a time or a seed.
+BOUNDED_TAGS = {"stack", "run", "runner", "game", "policy", "loss"}
 
 
 @pytest.mark.parametrize("spec", rm.ALL_METRICS, ids=lambda s: s.name)
@@ -59,3 +60,17 @@ def test_a_runner_with_metrics_off_makes_no_metric_at_all() -> None:
     off.game_down(1.0)
     off.game_back()
     assert off._metrics is None
+
+
+def test_only_the_losses_of_each_policy_are_published_under_the_games_policy_ids() -> None:
+    learners = {
+        "default_policy": {"total_loss": 1.5, "vf_loss": 0.25, "entropy": 0.7, "kl": 0.01},
+        "__all_modules__": {"total_loss": 9.0},
+        "blue": {"policy_loss": -0.5, "vf_loss": float("nan"), "curr_lr": 3e-4},
+    }
+    got = rm.losses(learners, {"default_policy": "agent"})
+    assert got == {
+        ("agent", "total_loss"): 1.5,
+        ("agent", "vf_loss"): 0.25,
+        ("blue", "policy_loss"): -0.5,
+    }

@@ -49,6 +49,7 @@ class Rescaler:
         self.admission = Admission(admission_timeout_s)
         self.registry.set_game(game.signature())
         self.registry.set_members(self.pool.worker_indices())
+        self.rescales = 0  # rescales followed (runners joined or left)
         self._changed_at: float | None = None  # wall time the endpoints change was seen
         self._noticed: float | None = None  # the same, monotonic
         # The cluster's units of the custom resource, watched while games are given up on.
@@ -272,6 +273,7 @@ class Rescaler:
         if removed:
             names = ", ".join(game_name(r.slot) for r in sorted(removed, key=lambda r: r.slot))
             parts.append(f"{names} left")
+        self.rescales += 1
         self.log(
             f"rescale: {before} -> {self.runners} env runners ({'; '.join(parts)}) "
             f"in {seconds:.1f} s"

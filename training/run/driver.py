@@ -28,7 +28,7 @@ from training.run.options import TrainOptions, run_env_runner, run_policies
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
 from training.run.tensorboard import TensorBoardWriter
-from training.telemetry.ray_metrics import DriverMetrics, IterationFigures
+from training.telemetry.ray_metrics import DriverMetrics, IterationFigures, losses
 
 CSV_NAME = "metrics.csv"
 PNG_NAME = "learning_curve.png"
@@ -168,7 +168,7 @@ def _run_training(
             result = _loop(
                 algo, options, stop, log, board, game,
                 _rescaler(algo, endpoints, game, options, log), store,
-                DriverMetrics(stack=endpoints.cluster_name, run=options.run_dir.name),
+                _driver_metrics(endpoints, options),
             )  # fmt: skip
         finally:
             algo.stop()
@@ -293,9 +293,10 @@ def _loop(
     stop.graceful = True
     from training.rllib.algorithm import policy_names
 
+    names = policy_names(algo.config)
     tensorboard = TensorBoardWriter(
         options.run_dir,
-        policy_names(algo.config),
+        names,
         resumed_at=previous if options.resume is not None else None,
     )
     pause = _Pause(options.game_down_limit_s, log)
@@ -313,7 +314,11 @@ def _loop(
             metrics.write_csv(options.run_dir / CSV_NAME, rows)
             tensorboard.write(row, train_result, board.fresh_reports())
             if published is not None:
-                published.iteration(_figures(row))
+                published.iteration(
+                    _figures(row),
+                    losses=losses(train_result.get("learners") or {}, names),
+                    rescales=rescaler.rescales if rescaler is not None else 0,
+                )
             if row.iteration % options.checkpoint_every == 0:
                 timings: dict[str, float] = {}
                 result.checkpoint = _save(algo, options, row, game, league, timings)
@@ -333,6 +338,17 @@ def _loop(
     if result.checkpoint is not None:
         log(f"checkpoint: {result.checkpoint}")
     return result
+
+
+def _driver_metrics(endpoints: Endpoints, options: TrainOptions) -> DriverMetrics:
+    from training.runstore import attempts
+
+    started = attempts.from_environment()  # a supervisor's attempt; else the first
+    return DriverMetrics(
+        stack=endpoints.cluster_name,
+        run=options.run_dir.name,
+        attempt=started[0] if started is not None else 1,
+    )
 
 
 def _figures(row: metrics.IterationRow) -> IterationFigures:

@@ -6,7 +6,8 @@ Ray prefixes every name with `ray_` on the way out (`uerl_env_steps_total` is sc
 as `ray_uerl_env_steps_total`) and adds its own labels (the node, the worker, Ray's
 session). Names follow Prometheus' conventions: base units (`_seconds`), `_total` for
 counters. Label values are bounded: the stack's and the run's names, an env runner's
-index, its game's `host:port`, a policy's id; all of them as many as the topology has.
+index, its game's `host:port`, a policy's id, a loss's name (the algorithm's fixed set);
+all of them as many as the topology and the game have.
 """
 
 from __future__ import annotations
@@ -104,10 +105,28 @@ CHECKPOINT_TIME = MetricSpec(
     "When the run's newest checkpoint was written (Unix time); age: time() - this.",
 )  # fmt: skip
 
+LOSS_TAGS = (*DRIVER_TAGS, "policy", "loss")
+LEARNER_LOSS = MetricSpec(
+    "uerl_learner_loss", "gauge", LOSS_TAGS,
+    "Each loss the learner reported for a policy in the last iteration (RLlib's names: "
+    "total_loss, policy_loss, vf_loss, mean_kl_loss, ...).",
+)  # fmt: skip
+RESCALES = MetricSpec(
+    "uerl_rescales_total", "counter", DRIVER_TAGS,
+    "Times the run followed a rescale: env runners joined or left (counted from this "
+    "attempt's start).",
+)  # fmt: skip
+ATTEMPT = MetricSpec(
+    "uerl_run_attempt", "gauge", DRIVER_TAGS,
+    "The run's attempt: 1, or the supervisor's count once `uerl supervise` started it "
+    "again after a lost head.",
+)  # fmt: skip
+
 RUNNER_METRICS = (ENV_STEPS, STEP_SECONDS, GAME_UP, GAME_DOWN_SINCE, GAME_FAULTS, RECONNECTS)
 DRIVER_METRICS = (
     ITERATIONS, ITERATION, RUN_ENV_STEPS, RUN_STEPS_PER_S, LEARNER_STEPS_PER_S,
     EPISODE_RETURN, EPISODE_LENGTH, RUNNERS_HEALTHY, RUNNERS, CHECKPOINT_TIME,
+    LEARNER_LOSS, RESCALES, ATTEMPT,
 )  # fmt: skip
 ALL_METRICS = RUNNER_METRICS + DRIVER_METRICS
 
@@ -186,20 +205,55 @@ class IterationFigures:
     runners_total: int
 
 
+def losses(learners: Mapping[str, Any], names: Mapping[str, str]) -> dict[tuple[str, str], float]:
+    """(policy, loss) -> value from an iteration's `learners` result: each module's keys
+    that name a loss (a fixed set per algorithm, so the label stays bounded). `names`:
+    RLlib's module id -> the game's policy id where they differ."""
+    out: dict[tuple[str, str], float] = {}
+    for module, stats in learners.items():
+        if module.startswith("__") or not isinstance(stats, Mapping):
+            continue
+        for key, value in stats.items():
+            if not key.endswith("loss") or isinstance(value, bool):
+                continue
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(number):
+                out[(names.get(module, module), key)] = number
+    return out
+
+
 class DriverMetrics:
     """The run's figures, from the driver (one per run)."""
 
-    def __init__(self, *, stack: str, run: str) -> None:
+    def __init__(self, *, stack: str, run: str, attempt: int = 1) -> None:
         self.tags = {"stack": stack, "run": run}
+        self.attempt = attempt
         self._metrics: dict[str, Any] | None = None
+        self._rescales = 0
 
     def _get(self) -> dict[str, Any]:
         if self._metrics is None:
             self._metrics = {spec.name: _make(spec, self.tags) for spec in DRIVER_METRICS}
+            self._metrics[ATTEMPT.name].set(self.attempt)
         return self._metrics
 
-    def iteration(self, figures: IterationFigures) -> None:
+    def iteration(
+        self,
+        figures: IterationFigures,
+        *,
+        losses: Mapping[tuple[str, str], float] | None = None,
+        rescales: int = 0,
+    ) -> None:
+        """`rescales`: the rescales the run has followed so far in this attempt."""
         metrics = self._get()
+        for (policy, loss), value in (losses or {}).items():
+            metrics[LEARNER_LOSS.name].set(value, tags={"policy": policy, "loss": loss})
+        if rescales > self._rescales:
+            metrics[RESCALES.name].inc(rescales - self._rescales)
+            self._rescales = rescales
         metrics[ITERATIONS.name].inc(1)
         metrics[ITERATION.name].set(figures.iteration)
         metrics[RUN_ENV_STEPS.name].set(figures.env_steps_total)
