@@ -200,3 +200,25 @@ def test_the_newest_checkpoints_time_is_published(metrics_run: MetricsRun) -> No
     assert stamps, "no scrape had the checkpoint's time"
     newest = max(stamps)
     assert time.time() - guard(900) < newest <= time.time()
+
+
+@pytest.mark.slow
+def test_the_learners_losses_are_published_per_policy_under_rllibs_names(
+    metrics_run: MetricsRun,
+) -> None:
+    losses = [s for samples in metrics_run.during for s in named(samples, rm.LEARNER_LOSS)]
+    assert losses, "no scrape had a loss"
+    assert {s.labels["loss"] for s in losses} >= {"total_loss", "policy_loss", "vf_loss"}
+    assert all(math.isfinite(s.value) for s in losses)
+    policies = {s.labels["policy"] for s in losses}
+    assert policies and not [p for p in policies if p.startswith("__")], policies
+
+
+@pytest.mark.slow
+def test_an_unsupervised_run_is_its_first_attempt_and_followed_no_rescale(
+    metrics_run: MetricsRun,
+) -> None:
+    attempts = [s.value for samples in metrics_run.during for s in named(samples, rm.ATTEMPT)]
+    assert attempts and set(attempts) == {1.0}
+    rescales = [s.value for samples in metrics_run.during for s in named(samples, rm.RESCALES)]
+    assert set(rescales) <= {0.0}  # a counter never raised is absent, or 0
