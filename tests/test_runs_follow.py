@@ -234,7 +234,9 @@ def test_pack_manifest_and_only_are_what_a_follow_reads_on_the_head(
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["lease"] == LEASE and manifest["latest"] == "checkpoint_000001"
     assert "metrics.csv" in manifest["files"] and listing.LEASE not in manifest["files"]
-    _, planned = listing.plan(tmp_path, "r1", latest_only=False, only=["metrics.csv", "checkpoints/"])
+    _, planned = listing.plan(
+        tmp_path, "r1", latest_only=False, only=["metrics.csv", "checkpoints/"]
+    )
     assert {rel for rel, _ in planned} >= {"metrics.csv"}
     assert all(rel == "metrics.csv" or rel.startswith("checkpoints/") for rel, _ in planned)
 
