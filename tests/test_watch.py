@@ -9,6 +9,7 @@ figures are checked against the same files read here by Prometheus' own parser.
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import pty
 import select
@@ -320,3 +321,50 @@ def test_ctrl_c_ends_a_live_watch_at_once_with_exit_0_and_the_cursor_shown(
     assert seen.startswith(watch.HIDE_CURSOR.encode())
     assert seen.endswith(watch.SHOW_CURSOR.encode())
     assert b"uerl watch: run run" in seen
+
+
+def test_a_prometheus_servers_series_are_read_as_the_endpoints_are() -> None:
+    """One instant query (`/api/v1/query`), its vector read as the same samples."""
+    reply = {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [
+                {
+                    "metric": {"__name__": "ray_uerl_env_steps_total", "runner": "1",
+                               "game": "g:1", "run": "r", "instance": "pod:8080"},
+                    "value": [1.0, "1500"],
+                },
+            ],
+        },
+    }  # fmt: skip
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        got = scrape.scrape_prometheus(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got.targets == {url: None}
+    (sample,) = got.samples
+    assert (sample.name, sample.labels["runner"], sample.value) == (
+        "uerl_env_steps_total",
+        "1",
+        1500,
+    )
+    assert asked[0].startswith("/api/v1/query?query=")
