@@ -11,6 +11,8 @@ import csv
 import json
 import math
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -75,6 +77,8 @@ class MetricsRun:
     targets: list[dict]
     during: list[list[Sample]]  # every scrape taken while it trained, in order
     after_fault: list[Sample]  # the first scrape showing runner 1's game back
+    watch_code: int  # `uerl watch` beside the run while it trained, ended by Ctrl-C
+    watch_output: str  # its frames (not a terminal: one after another, a blank line between)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +94,13 @@ def metrics_run(tmp_path_factory: pytest.TempPathFactory) -> MetricsRun:
         run.wait_iteration(2, timeout_s=guard(600))
         targets = json.loads((run_dir / METRICS_TARGETS_FILE).read_text())
         urls = [f"http://{t['targets'][0]}/metrics" for t in targets]
+        # The terminal view beside the scrapes below, to the run's end.
+        watching = started.popen(
+            [sys.executable, "-m", "training.cli", "watch", "--run-dir", str(run_dir),
+             "--interval", "1"],
+            cwd=Path(__file__).resolve().parent.parent,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
         retry_signal(run, KILLED, signal.SIGKILL)
         during: list[list[Sample]] = []
         after_fault: list[Sample] = []
@@ -105,7 +116,12 @@ def metrics_run(tmp_path_factory: pytest.TempPathFactory) -> MetricsRun:
                 after_fault = samples
             time.sleep(1)
         code = run.finish(timeout_s=guard(600))
-    return MetricsRun(run_dir, run.output, code, urls, targets, during, after_fault)
+        watching.send_signal(signal.SIGINT)
+        watch_output, _ = watching.communicate(timeout=deadline.left(guard(30)))
+    return MetricsRun(
+        run_dir, run.output, code, urls, targets, during, after_fault,
+        watching.returncode, watch_output,
+    )  # fmt: skip
 
 
 def csv_rows(run_dir: Path) -> dict[int, dict[str, str]]:
@@ -222,3 +238,27 @@ def test_an_unsupervised_run_is_its_first_attempt_and_followed_no_rescale(
     assert attempts and set(attempts) == {1.0}
     rescales = [s.value for samples in metrics_run.during for s in named(samples, rm.RESCALES)]
     assert set(rescales) <= {0.0}  # a counter never raised is absent, or 0
+
+
+@pytest.mark.slow
+def test_uerl_watch_showed_both_games_sampling_while_it_trained(metrics_run: MetricsRun) -> None:
+    output = metrics_run.watch_output
+    assert metrics_run.watch_code == 0, output[-3000:]
+    assert "Traceback" not in output
+    assert all(len(line) <= 80 for line in output.splitlines()), output[-3000:]
+    games = json.loads((metrics_run.run_dir / "endpoints.json").read_text())
+    sampling = 0
+    for frame in output.split("\n\n"):
+        rows = {
+            cells[0]: cells
+            for cells in (line.split() for line in frame.splitlines())
+            if cells[:1] in (["1"], ["2"]) and len(cells) >= 3 and ":" in cells[1]
+        }
+        if set(rows) != {"1", "2"}:
+            continue
+        for runner, cells in rows.items():
+            assert cells[1].endswith(f":{games['port'] + int(runner)}"), frame
+        rates = [rows[r][2].replace(",", "") for r in ("1", "2")]
+        if all(rate.isdigit() and int(rate) > 0 for rate in rates):
+            sampling += 1
+    assert sampling, f"no frame showed both runners' env steps per second:\n{output[-3000:]}"

@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run `uerl train` (or eval) on a stack's cluster as a Ray job, from this machine",
     ),
     "runs": ("training.commands.runs", "list a stack's stored runs, pull one to this machine"),
+    "watch": (
+        "training.commands.watch",
+        "a running training in the terminal: iterations, runners' throughput, game health",
+    ),
     "supervise": (
         "training.commands.supervise",
         "keep a stored run training across a lost Ray head (in the stack, from submit)",

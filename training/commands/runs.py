@@ -1,8 +1,9 @@
 """`uerl runs`: a stack's stored runs from this machine, no kubectl.
 
     uerl runs list [--stack NAME | --endpoints FILE | --dir DIR] [--json]
-    uerl runs pull RUN [--stack NAME | --endpoints FILE] [--to DIR] [--latest] [--replace]
-    uerl runs pack RUN --dir DIR [--latest]
+    uerl runs pull RUN [--stack NAME | --endpoints FILE | --dir DIR] [--to DIR] [--latest]
+                   [--replace | --follow [--interval SECONDS]]
+    uerl runs pack RUN --dir DIR [--latest] [--manifest | --only PATH ...]
 
 `list` and `pull` read the stack's run storage (endpoints `runs`): the runs claim through
 the Ray head pod (an exec by the Kubernetes API; --kubeconfig, --context as for
@@ -10,10 +11,15 @@ the Ray head pod (an exec by the Kubernetes API; --kubeconfig, --context as for
 brings a run (or with --latest only its latest checkpoint, with its curves, metrics,
 events and logs) to `<--to>/<RUN>`, whole or not at all; `uerl export --checkpoint
 <--to>/<RUN>/checkpoints` and `uerl eval` take it from there, and TensorBoard reads its
-events. `list --dir` and `pack` read a directory on the machine they run on: the head
-runs them for `list` and `pull` of a claim (`pack` writes a tar to standard output).
-Bad input (a store's configuration included) exits 2, a cluster or store that does not
-answer 1, each with one line.
+events. `pull --follow` keeps `<--to>/<RUN>` in step with a run while it trains (every
+--interval seconds, only what is new or changed, nothing of the copy deleted) and ends
+when the run does, or at Ctrl-C (exit 0 both), with one line saying what it copied:
+`tensorboard --logdir <--to>/<RUN>` beside it shows the curves live. `list --dir`,
+`pull --dir` and `pack` read a directory on the machine they run on: the head runs
+`list` and `pack` for `list` and `pull` of a claim (`pack` writes a tar to standard
+output; `--manifest` the run's files as JSON instead, for a follow). Bad input (a
+store's configuration included) exits 2, a cluster or store that does not answer 1,
+each with one line.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from training.commands.writable import (
     check_writable_dir,
     write_failed,
 )
+from training.runs.follow import DEFAULT_INTERVAL_S
 from training.runstore.location import RUN_NAME_LIMITS
 
 PROG = "uerl runs"
@@ -57,7 +64,8 @@ def _source(parser: argparse.ArgumentParser, *, local: bool) -> None:
             "--dir",
             metavar="DIR",
             type=Path,
-            help="the runs in a directory on this machine (it must exist)",
+            help="the runs in a directory on this machine (it must exist): a runs claim "
+            "mounted here, or a run storage's directory",
         )
     parser.add_argument(
         "--kubeconfig",
@@ -85,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=run_name,
         help=f"the run's name (`uerl runs list`): {RUN_NAME_LIMITS}",
     )
-    _source(pull, local=False)
+    _source(pull, local=True)
     pull.add_argument(
         "--to",
         metavar="DIR",
@@ -99,18 +107,60 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only the latest checkpoint of the run's checkpoints (and all else it wrote)",
     )
-    pull.add_argument("--replace", action="store_true", help="replace an earlier pull of RUN")
+    again = pull.add_mutually_exclusive_group()
+    again.add_argument("--replace", action="store_true", help="replace an earlier pull of RUN")
+    again.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep DIR/RUN in step with the run while it trains (an earlier pull is "
+        "updated in place): polls the store every --interval seconds, copies only new or "
+        "changed files, deletes nothing of the copy; ends when the run ends (its writer's "
+        "lease is gone) or at Ctrl-C, exit 0 both. `tensorboard --logdir DIR/RUN` beside "
+        "it shows the curves as they grow",
+    )
+    pull.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        type=_interval,
+        help=f"with --follow: seconds between two polls of the store (default "
+        f"{DEFAULT_INTERVAL_S:g}, at least 1)",
+    )
     pack = commands.add_parser(
         "pack", help="(for `uerl runs` on the Ray head) a run under --dir as a tar on stdout"
     )
     pack.add_argument("run", metavar="RUN", type=run_name)
     pack.add_argument("--dir", metavar="DIR", type=Path, required=True)
     pack.add_argument("--latest", action="store_true")
+    what = pack.add_mutually_exclusive_group()
+    what.add_argument(
+        "--manifest",
+        action="store_true",
+        help="print the run's files (size, time) and its writer's lease as JSON, no tar",
+    )
+    what.add_argument(
+        "--only",
+        metavar="PATH",
+        nargs="+",
+        help="pack only these files of the run (DIR/: all below DIR)",
+    )
     return parser
 
 
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 1.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: at least 1 second, and finite")
+    return value
+
+
 def main(argv: Sequence[str]) -> int:
-    args = build_parser().parse_args(list(argv))
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    if getattr(args, "interval", None) is not None and not args.follow:
+        parser.error("--interval: only with --follow")
     from training.runstore.location import RunStorageError, RunStorageUnavailable
     from training.submit.submit_error import BAD_INPUT, SubmitError
 
@@ -138,17 +188,28 @@ def _pack(args: argparse.Namespace) -> int:
     from training.runstore import listing
 
     try:
-        latest, files = listing.plan(args.dir, args.run, latest_only=args.latest)
+        if args.manifest:
+            print(json.dumps(listing.manifest(args.dir, args.run)))
+            return 0
+        latest, files = listing.plan(args.dir, args.run, latest_only=args.latest, only=args.only)
     except FileNotFoundError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    if args.only is not None and not listing.selected(
+        f"{listing.CHECKPOINTS}/{listing.LATEST}", args.only
+    ):
+        latest = None  # the pointer was not asked for
     listing.pack(args.dir, args.run, latest, files, sys.stdout.buffer)
     sys.stdout.buffer.flush()
     return 0
 
 
 def _store(args: argparse.Namespace) -> Any:
-    """The stack's run storage reader: ClaimRuns or BucketRuns."""
+    """The stack's run storage reader: ClaimRuns, BucketRuns, or DirectoryRuns (--dir)."""
+    if getattr(args, "dir", None) is not None:
+        from training.runs.directory_reader import DirectoryRuns
+
+        return DirectoryRuns(args.dir)
     from training.submit import stack_endpoints
     from training.submit.submit_error import BAD_INPUT, SubmitError
 
@@ -228,6 +289,8 @@ def _pull(args: argparse.Namespace) -> int:
 
     check_writable_dir(args.to, "--to")  # before the store: a pull that cannot land costs none
     store = _store(args)
+    if args.follow:
+        return _follow(args, store)
     runs = {run.name: run for run in store.list()}
     if args.run not in runs:
         known = ", ".join(sorted(runs)) or "none"
@@ -254,4 +317,51 @@ def _pull(args: argparse.Namespace) -> int:
     print(f"{PROG}: pulled {args.run}{checkpoint} from {store.where} to {target}", file=sys.stderr)
     if latest:
         print(f"{PROG}: next: uerl export --checkpoint {target / 'checkpoints'}", file=sys.stderr)
+    return 0
+
+
+def _took(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def _follow(args: argparse.Namespace, store: Any) -> int:
+    """`pull --follow`: to the run's end or Ctrl-C, then one line; exit 0 both."""
+    import signal
+
+    from training.runs.follow import FollowReport, follow
+    from training.runs.transfer import mib
+
+    target = args.to / args.run
+    interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
+    report = FollowReport()
+    # A second Ctrl-C while the summary is said is no traceback.
+    print(
+        f"{PROG}: following {args.run} in {store.where} into {target} every {interval:g} s "
+        f"(Ctrl-C to stop); `tensorboard --logdir {target}` shows its curves as they grow",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        follow(
+            store,
+            args.run,
+            target,
+            interval_s=interval,
+            latest_only=args.latest,
+            log=lambda line: print(f"{PROG}: {line}", file=sys.stderr, flush=True),
+            report=report,
+        )
+    except OSError as exc:
+        if exc.errno is None:  # not this machine's disk
+            raise
+        raise write_failed(args.to, "--to", exc) from None
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    end = "the run has ended" if report.finished else "stopped (Ctrl-C)"
+    print(
+        f"{PROG}: {end}: {report.files} file(s), {mib(report.bytes)} copied to {target} in "
+        f"{report.polls} poll(s) over {_took(report.seconds())}",
+        file=sys.stderr,
+        flush=True,
+    )
     return 0

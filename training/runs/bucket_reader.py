@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from infra.endpoints import RunStorage
+from training.runs.follow import POINTER, RunState, StoredFile, Take
 from training.runs.transfer import Progress
 from training.runstore.listing import (
     CHECKPOINTS,
     LATEST,
+    LEASE,
     META,
     RunSummary,
     hidden,
@@ -130,3 +132,39 @@ class BucketRuns:
         if latest is not None:
             (into / pointer).write_text(latest)
         return progress.finish()
+
+    # ---- `uerl runs pull --follow` ------------------------------------------------------
+
+    def state(self, name: str) -> RunState:
+        """Run `name` as the bucket lists it; its lease read first (a run's end deletes
+        it after storing its last files: read absent, the files listed are the last)."""
+        try:
+            s3 = self._fs()
+            lease = self._read(s3, name, LEASE)
+            latest = self._read(s3, name, CHECKPOINTS, LATEST) or None
+            files = {
+                relative: StoredFile(
+                    info.size or 0, None if info.mtime is None else info.mtime.timestamp()
+                )
+                for relative, info in self._files(s3, name)
+                if relative != LEASE
+            }
+        except OSError as exc:
+            raise failure(exc, self.location) from None
+        if not files and lease is None:
+            raise RunStorageError(f"RUN {name!r}: no such run in {self.where}")
+        return RunState(lease, latest, files)
+
+    def fetch(self, name: str, files: dict[str, StoredFile], take: Take) -> None:
+        try:
+            s3 = self._fs()
+            for relative in sorted(files, key=lambda r: (r == POINTER, r)):
+                try:
+                    with s3.open_input_stream(self.location.key(name, relative)) as source:
+                        take(relative, files[relative].mtime, source)
+                except FileNotFoundError:  # pruned since it was listed
+                    continue
+        except OSError as exc:
+            if exc.errno is not None:  # this machine's disk: the caller's
+                raise
+            raise failure(exc, self.location) from None

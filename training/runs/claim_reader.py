@@ -18,7 +18,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from infra.endpoints import Endpoints
-from training.runs.transfer import Progress, extract_run
+from training.runs.follow import RunState, StoredFile, Take, only_arguments
+from training.runs.transfer import Progress, each_file, extract_run
 from training.runstore.listing import RunSummary
 from training.runstore.location import RunStorageError, RunStorageUnavailable
 from training.submit.head import API_TIMEOUT_S, HeadFinder, api_failure, kube_pod_lister
@@ -101,6 +102,7 @@ class ClaimRuns:
         self.root = claim_root(endpoints)
         self.head = head
         self._exec = exec_
+        self._states: dict[str, RunState] = {}
 
     @classmethod
     def on_cluster(cls, endpoints: Endpoints, api_client: Any) -> ClaimRuns:
@@ -162,6 +164,59 @@ class ClaimRuns:
         receiver.join()
         self._raise_if_failed(ended[0], f"pulling run {name!r}")
         return progress.finish()
+
+    def state(self, name: str) -> RunState:
+        """Run `name` as the head reads it (`uerl runs pack --manifest`), for a follow."""
+        out = bytearray()
+        command = ["uerl", "runs", "pack", name, "--dir", self.root, "--manifest"]
+        result = self._run(command, out.extend)
+        self._check(result, f"reading run {name!r}")
+        try:
+            data = json.loads(bytes(out))
+            state = RunState(
+                data["lease"],
+                data["latest"],
+                {
+                    rel: StoredFile(int(size), float(mtime))
+                    for rel, (size, mtime) in data["files"].items()
+                },
+            )
+        except (ValueError, TypeError, KeyError) as exc:
+            raise SubmitError(
+                f"`uerl runs pack --manifest` on the Ray head answered no manifest: {exc} "
+                "(is its image this uerl's?)",
+                CLUSTER_UNUSABLE,
+            ) from None
+        self._states[name] = state
+        return state
+
+    def fetch(self, name: str, files: dict[str, StoredFile], take: Take) -> None:
+        """`files` of run `name` packed on the head (`uerl runs pack --only`), each given
+        to `take` as it arrives."""
+        state = self._states.get(name) or RunState(None, None, dict(files))
+        only = only_arguments(files, state)
+        command = ["uerl", "runs", "pack", name, "--dir", self.root, "--only", *only]
+        chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        ended: list[ExecResult | BaseException] = []
+
+        def receive() -> None:
+            try:
+                ended.append(self._run(command, chunks.put))
+            except BaseException as exc:  # said by the caller's thread
+                ended.append(exc)
+            finally:
+                chunks.put(None)
+
+        receiver = threading.Thread(target=receive, name="uerl-runs-follow", daemon=True)
+        receiver.start()
+        try:
+            each_file(iter(chunks.get, None), name, take)
+        except (tarfile.TarError, RunStorageError, RunStorageUnavailable):
+            receiver.join()
+            self._raise_if_failed(ended[0], f"reading run {name!r}")
+            raise
+        receiver.join()
+        self._raise_if_failed(ended[0], f"reading run {name!r}")
 
     def _raise_if_failed(self, ended: ExecResult | BaseException, doing: str) -> None:
         if isinstance(ended, BaseException):

@@ -9,7 +9,7 @@ import tarfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
 
 from training.runstore import atomic
 from training.runstore.location import RunStorageError
@@ -104,6 +104,22 @@ def extract_run(chunks: Iterator[bytes], name: str, into: Path, progress: Progre
                 raise RunStorageError(f"the run's archive holds {member.name!r}, not a file of it")
             member.name = member.name[len(prefix) :]
             tar.extract(member, into, filter="data")
+
+
+def each_file(
+    chunks: Iterator[bytes], name: str, take: Callable[[str, float, IO[bytes]], None]
+) -> None:
+    """The tar stream of run `name` (`uerl runs pack`'s) read as it arrives, each file
+    given to `take(relative, mtime, its bytes)`: `uerl runs pull --follow`'s fetch."""
+    reader = io.BufferedReader(ChunkReader(chunks), buffer_size=1 << 20)
+    prefix = f"{name}/"
+    with tarfile.open(fileobj=reader, mode="r|") as tar:
+        for member in tar:
+            if not member.isfile() or not member.name.startswith(prefix):
+                raise RunStorageError(f"the run's archive holds {member.name!r}, not a file of it")
+            source = tar.extractfile(member)
+            assert source is not None  # a regular file's
+            take(member.name[len(prefix) :], float(member.mtime), source)
 
 
 def into_place(to: Path, name: str, *, replace: bool, fill: Callable[[Path], None]) -> Path:

@@ -158,10 +158,44 @@ def list_runs(root: Path) -> list[RunSummary]:
     return sorted(runs, key=lambda run: (run.updated, run.name))
 
 
-def plan(root: Path, name: str, *, latest_only: bool) -> tuple[str | None, list[tuple[str, int]]]:
+def manifest(root: Path, name: str) -> dict[str, Any]:
+    """Run `name` as a follower of it compares it with its copy (`uerl runs pack
+    --manifest`): `lease` (the text of its writer's lease, None when no writer holds it:
+    the run has ended), `latest` (the checkpoint `checkpoints/latest` names) and `files`
+    (relative path -> [size, modification time]; no partial write, no lease). The lease
+    is read first: read absent, the files listed after it are the run's last.
+    FileNotFoundError when there is no such run."""
+    run_dir = root / name
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run {name!r} in {root}")
+    try:
+        lease: str | None = (run_dir / LEASE).read_text()
+    except FileNotFoundError:
+        lease = None
+    files = {
+        relative: [stat.st_size, stat.st_mtime]
+        for relative, stat in _files(run_dir)
+        if relative != LEASE
+    }
+    return {"lease": lease, "latest": _latest(run_dir), "files": files}
+
+
+def selected(relative: str, only: Collection[str] | None) -> bool:
+    """Whether `relative` is one of `only` (a path, or a directory as `DIR/`: all below
+    it); every file when `only` is None."""
+    if only is None:
+        return True
+    return relative in only or any(
+        entry.endswith("/") and relative.startswith(entry) for entry in only
+    )
+
+
+def plan(
+    root: Path, name: str, *, latest_only: bool, only: Collection[str] | None = None
+) -> tuple[str | None, list[tuple[str, int]]]:
     """What `pack` sends of run `name`: the checkpoint `latest` names (read once, now)
-    and the files with their sizes, `checkpoints/latest` aside. FileNotFoundError when
-    there is no such run."""
+    and the files with their sizes, `checkpoints/latest` aside; with `only`, only those
+    (`selected`). FileNotFoundError when there is no such run."""
     run_dir = root / name
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run {name!r} in {root}")
@@ -170,7 +204,9 @@ def plan(root: Path, name: str, *, latest_only: bool) -> tuple[str | None, list[
     files = [
         (relative, stat.st_size)
         for relative, stat in _files(run_dir)
-        if relative != pointer and wanted(relative, latest, latest_only=latest_only)
+        if relative != pointer
+        and wanted(relative, latest, latest_only=latest_only)
+        and selected(relative, only)
     ]
     return latest, files
 
@@ -196,6 +232,10 @@ def pack(
         if latest is not None:
             data = latest.encode()
             info = tarfile.TarInfo(f"{name}/{CHECKPOINTS}/{LATEST}")
-            info.size, info.mtime, info.mode = len(data), int(run_dir.stat().st_mtime), 0o644
+            try:  # the pointer's own time: a follow compares it with the manifest's
+                mtime = (run_dir / CHECKPOINTS / LATEST).stat().st_mtime
+            except OSError:
+                mtime = run_dir.stat().st_mtime
+            info.size, info.mtime, info.mode = len(data), mtime, 0o644
             tar.addfile(info, io.BytesIO(data))
     return packed
