@@ -129,7 +129,12 @@ def _make(spec: MetricSpec, default_tags: Mapping[str, str]) -> Any:
 
 class RunnerMetrics:
     """One env runner's figures (made in its Ray worker process, lazily: Ray's metric
-    objects need the worker connected)."""
+    objects need the worker connected).
+
+    Ray's metrics agent drops a gauge not set again within two report intervals (20 s by
+    default), so the game's state is set again by `refresh()`, which the runner calls on
+    every sample and while it waits for its game: a game up (or down) for minutes stays
+    in the scrapes."""
 
     def __init__(
         self, *, stack: str, run: str, runner: int, game: str, enabled: bool = True
@@ -137,13 +142,22 @@ class RunnerMetrics:
         self.tags = {"stack": stack, "run": run, "runner": str(runner), "game": game}
         self.enabled = enabled
         self._metrics: dict[str, Any] | None = None
+        self._down_since = 0.0  # 0 while the game answers
 
     def _get(self) -> dict[str, Any]:
         if self._metrics is None:
             self._metrics = {spec.name: _make(spec, self.tags) for spec in RUNNER_METRICS}
-            self._metrics[GAME_UP.name].set(1)
-            self._metrics[GAME_DOWN_SINCE.name].set(0)
+            self._set_state(self._metrics)
         return self._metrics
+
+    def _set_state(self, metrics: dict[str, Any]) -> None:
+        metrics[GAME_UP.name].set(0 if self._down_since else 1)
+        metrics[GAME_DOWN_SINCE.name].set(self._down_since)
+
+    def refresh(self) -> None:
+        """The game's state set again, as it is (Ray forgets a gauge left unset)."""
+        if self.enabled:
+            self._set_state(self._get())
 
     def sampled(self, env_steps: int, step_seconds: Iterable[float]) -> None:
         if not self.enabled:
@@ -159,16 +173,16 @@ class RunnerMetrics:
         if not self.enabled:
             return
         metrics = self._get()
-        metrics[GAME_UP.name].set(0)
-        metrics[GAME_DOWN_SINCE.name].set(since)
+        self._down_since = since or time.time()  # never 0: 0 says it answers
+        self._set_state(metrics)
         metrics[GAME_FAULTS.name].inc(1)
 
     def game_back(self) -> None:
         if not self.enabled:
             return
         metrics = self._get()
-        metrics[GAME_UP.name].set(1)
-        metrics[GAME_DOWN_SINCE.name].set(0)
+        self._down_since = 0.0
+        self._set_state(metrics)
         metrics[RECONNECTS.name].inc(1)
 
 
