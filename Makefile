@@ -72,7 +72,10 @@ test: setup
 	$(BIN)/python -m pytest -ra --durations=15 -m "not k8s and not slow" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # The long end-to-end training runs (game faults, learning, Ray Jobs, resume, both
-# patterns, signals): CI runs them after `make test`.
+# patterns, signals): CI runs them after `make test`. The metrics run's Prometheus is
+# Debian's package, fetched on first use by tests/tools/prometheus.sh (apt-get download,
+# never installed) into ~/.cache/uerl-prometheus; `make test` parses the dashboard's
+# queries with its promtool.
 test-slow: setup
 	$(BIN)/python -m pytest -ra --durations=15 -m "slow and not k8s" $(PYTEST_ARGS)
 

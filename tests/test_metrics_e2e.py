@@ -1,5 +1,8 @@
 """uerl's own metrics, scraped from the Ray nodes' metrics agents of a real `uerl local`
-run (the HTTP endpoints Prometheus would scrape), while it trains and a game is killed.
+run (the HTTP endpoints Prometheus would scrape), while it trains and a game is killed;
+and the same run scraped by a real Prometheus (Debian's, tests/tools/prometheus.sh)
+through the run's `metrics_targets.json`, every query of the repository's Grafana
+dashboard (infra/dashboards/uerl-training.json) evaluated against what it holds.
 
 One run for the module: the scrapes are taken while it trains, the checks read them
 against the run's own metrics.csv once it has ended.
@@ -8,6 +11,7 @@ against the run's own metrics.csv once it has ended.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import signal
@@ -15,14 +19,17 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import dashboard_queries as dq
 import pytest
 from host_speed import guard
 from local_runs import LocalRunWatcher, retry_signal
 from proc_tree import Deadline, StartedProcesses
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_server import Prometheus, start_prometheus
 
 from training.local.session import METRICS_TARGETS_FILE
 from training.telemetry import ray_metrics as rm
@@ -79,13 +86,21 @@ class MetricsRun:
     after_fault: list[Sample]  # the first scrape showing runner 1's game back
     watch_code: int  # `uerl watch` beside the run while it trained, ended by Ctrl-C
     watch_output: str  # its frames (not a terminal: one after another, a blank line between)
+    prometheus: Prometheus  # scraped the run's targets every second, still running
+    started_at: float  # Unix times: the run started,
+    last_scrape_at: float  # the test's last scrape while it trained (its nodes all up)
+    ended_at: float  # it exited
 
 
 @pytest.fixture(scope="module")
-def metrics_run(tmp_path_factory: pytest.TempPathFactory) -> MetricsRun:
-    run_dir = tmp_path_factory.mktemp("metrics") / "run"
+def metrics_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MetricsRun]:
+    base = tmp_path_factory.mktemp("metrics")
+    run_dir = base / "run"
     with StartedProcesses() as started:
         deadline = Deadline(guard(900))
+        # Started first: it finds the targets file once the run writes it.
+        prometheus = start_prometheus(started, run_dir / METRICS_TARGETS_FILE, base / "prometheus")
+        started_at = time.time()
         run = LocalRunWatcher(
             started, deadline, run_dir,
             "--workers", str(WORKERS), "--iterations", str(ITERATIONS),
@@ -104,11 +119,13 @@ def metrics_run(tmp_path_factory: pytest.TempPathFactory) -> MetricsRun:
         retry_signal(run, KILLED, signal.SIGKILL)
         during: list[list[Sample]] = []
         after_fault: list[Sample] = []
+        last_scrape_at = time.time()
         while run.proc.poll() is None:
             try:
                 samples = scrape_all(urls)
             except OSError:  # the nodes stopping at the end
                 break
+            last_scrape_at = time.time()
             during.append(samples)
             faults = by_runner(samples, rm.GAME_FAULTS)
             up = by_runner(samples, rm.GAME_UP)
@@ -118,10 +135,12 @@ def metrics_run(tmp_path_factory: pytest.TempPathFactory) -> MetricsRun:
         code = run.finish(timeout_s=guard(600))
         watching.send_signal(signal.SIGINT)
         watch_output, _ = watching.communicate(timeout=deadline.left(guard(30)))
-    return MetricsRun(
-        run_dir, run.output, code, urls, targets, during, after_fault,
-        watching.returncode, watch_output,
-    )  # fmt: skip
+        ended_at = time.time()
+        yield MetricsRun(
+            run_dir, run.output, code, urls, targets, during, after_fault,
+            watching.returncode, watch_output,
+            prometheus, started_at, last_scrape_at, ended_at,
+        )  # fmt: skip
 
 
 def csv_rows(run_dir: Path) -> dict[int, dict[str, str]]:
@@ -262,3 +281,261 @@ def test_uerl_watch_showed_both_games_sampling_while_it_trained(metrics_run: Met
         if all(rate.isdigit() and int(rate) > 0 for rate in rates):
             sampling += 1
     assert sampling, f"no frame showed both runners' env steps per second:\n{output[-3000:]}"
+
+
+# ------------------------------------------------ the dashboard, on a real Prometheus
+
+WINDOW = "1m"  # the dashboard's default rate window (Ray's workers report every 10 s)
+
+
+def dashboard_values(run: MetricsRun) -> dict[str, str]:
+    """The template variables as Grafana would fill them for this run."""
+    return {"stack": "uerl", "run": run.run_dir.name, "window": WINDOW}
+
+
+def panel_query(title: str, ref: str = "A") -> dq.Query:
+    (query,) = [q for q in dq.queries(dq.load()) if q.panel == title and q.ref == ref]
+    return query
+
+
+def over_the_run(run: MetricsRun, query: dq.Query) -> dict[str, dict[float, float]]:
+    """The query's series (by legend-relevant labels) over the run, every second."""
+    result = run.prometheus.query_range(
+        query.with_values(dashboard_values(run)), run.started_at, run.ended_at
+    )
+    return {
+        json.dumps(series["metric"], sort_keys=True): {
+            float(t): float(v) for t, v in series["values"]
+        }
+        for series in result
+    }
+
+
+def one_series(run: MetricsRun, query: dq.Query) -> dict[float, float]:
+    series = over_the_run(run, query)
+    assert len(series) == 1, (query.name, list(series))
+    return next(iter(series.values()))
+
+
+def finite(values: list[float]) -> list[float]:
+    return [v for v in values if math.isfinite(v)]
+
+
+@pytest.mark.slow
+def test_prometheus_found_every_node_through_the_runs_file_sd_targets(
+    metrics_run: MetricsRun,
+) -> None:
+    seen = metrics_run.prometheus.query(
+        'count by (uerl_node) (up{job="uerl-local"})', metrics_run.last_scrape_at
+    )
+    assert sorted(s["metric"]["uerl_node"] for s in seen) == [
+        "head", "learner1", "worker1", "worker2",
+    ], metrics_run.prometheus.log_tail()  # fmt: skip
+
+
+@pytest.mark.slow
+def test_every_dashboard_query_returns_data_from_prometheus(metrics_run: MetricsRun) -> None:
+    """Each panel's query as Grafana sends it: over the run (a graph's range query), and
+    at the last instant that range holds a point (a stat panel's instant query), which
+    must give the same value."""
+    values = dashboard_values(metrics_run)
+    empty = []
+    for query in dq.queries(dq.load()):
+        series = over_the_run(metrics_run, query)
+        points = [(t, v) for s in series.values() for t, v in s.items() if math.isfinite(v)]
+        if not points:
+            empty.append(f"{query.name}: no point over the run: {query.expr}")
+            continue
+        at = max(t for t, _ in points)
+        now = metrics_run.prometheus.query(query.with_values(values), at)
+        instant = sorted(finite([float(s["value"][1]) for s in now]))
+        print(f"figure dashboard {query.name}: {len(points)} point(s), last {instant}")
+        if instant != sorted(v for t, v in points if t == at):
+            empty.append(f"{query.name}: at {at}: {now} against the range's {points[-3:]}")
+    assert not empty, "\n".join(empty)
+
+
+@pytest.mark.slow
+def test_the_dashboards_run_figures_agree_with_metrics_csv_at_each_instant(
+    metrics_run: MetricsRun,
+) -> None:
+    """At every second Prometheus holds the driver's figures, the panels show metrics.csv's
+    row of the iteration the iteration panel shows: exactly (relative 1e-6 for floats; the
+    driver publishes them together, Prometheus stores them with one scrape's time)."""
+    rows = csv_rows(metrics_run.run_dir)
+    iteration = one_series(metrics_run, panel_query("Iteration and env steps trained", "A"))
+    compared = {
+        "env_steps_total": panel_query("Iteration and env steps trained", "B"),
+        "episode_return_mean": panel_query("Episode return (mean)"),
+        "episode_len_mean": panel_query("Episode length (mean)"),
+        "runners_healthy": panel_query("Env runners healthy / total", "A"),
+        "runners_total": panel_query("Env runners healthy / total", "B"),
+        "env_steps_per_s": panel_query("Run and learner throughput", "B"),
+        "learner_steps_per_s": panel_query("Run and learner throughput", "C"),
+    }
+    seen: set[int] = set()
+    for column, query in compared.items():
+        series = one_series(metrics_run, query)
+        both = [t for t in series if t in iteration]
+        # Every second Prometheus held them (Ray reports every 10 s: how many iterations
+        # that covers depends on the host's speed).
+        assert len(both) >= 3, (column, query.name, both)
+        for t in both:
+            row = rows[int(iteration[t])]
+            seen.add(int(iteration[t]))
+            want = float(row[column])
+            assert math.isclose(series[t], want, rel_tol=1e-6), (t, column, series[t], row)
+    runners = one_series(metrics_run, compared["runners_total"])
+    assert set(runners.values()) == {WORKERS}
+    print(f"figure dashboard iterations compared with metrics.csv: {sorted(seen)}")
+
+
+# How late a figure can reach Prometheus: Ray's workers report to their node's agent every
+# 10 s (metrics_report_interval_ms), Prometheus scrapes every 1 s; 4 s more for a loaded
+# host. A runner's counter and the driver's iteration gauge are each at most this late.
+REPORT_LAG_S = 15
+
+
+@pytest.mark.slow
+def test_the_runners_env_steps_agree_with_metrics_csv_within_ray_s_reporting_lag(
+    metrics_run: MetricsRun,
+) -> None:
+    """The runners' env step counters, summed (what the throughput panels take the rate
+    of), against metrics.csv's env_steps_total. At instant t they hold what the runners had
+    sampled at most REPORT_LAG_S earlier, so: at least what the iterations finished by the
+    driver's figures at t - REPORT_LAG_S had sampled, at most what the iteration after those
+    shown at t + REPORT_LAG_S sampled. No other tolerance: a runner counts exactly the env
+    steps it returns to RLlib, which metrics.csv counts."""
+    rows = csv_rows(metrics_run.run_dir)
+    steps = {n: int(row["env_steps_total"]) for n, row in rows.items()}
+    last = max(rows)
+    values = dashboard_values(metrics_run)
+    selector = f'stack=~"{values["stack"]}", run=~"{values["run"]}"'
+    per_runner = over_the_run(
+        metrics_run,
+        dq.Query(
+            "counters", "A", f"max by (runner) (ray_uerl_env_steps_total{{{selector}}})", "", False
+        ),
+    )
+    assert len(per_runner) == WORKERS, list(per_runner)
+    # Summed where every runner's counter is held (at the end one node's target goes stale
+    # a scrape before another's).
+    raw = {
+        t: sum(series[t] for series in per_runner.values())
+        for t in set.intersection(*(set(series) for series in per_runner.values()))
+    }
+    iteration = one_series(metrics_run, panel_query("Iteration and env steps trained", "A"))
+
+    def shown(at: float) -> int | None:
+        """The iteration the driver's gauge showed at `at` (None: none yet, or gone)."""
+        held = [t for t in iteration if t <= at]
+        return int(iteration[max(held)]) if held else None
+
+    checked = 0
+    for t, counted in sorted(raw.items()):
+        before, after = shown(t - REPORT_LAG_S), shown(t + REPORT_LAG_S)
+        low = steps[before] if before else 0
+        high = steps[min(after + 1, last)] if after is not None else steps[last]
+        assert low <= counted <= high, (t, counted, before, after, low, high)
+        checked += 1
+    print(f"figure dashboard env steps: counters {max(raw.values()):.0f} at most, "
+          f"metrics.csv {steps[last]} ({checked} instants checked)")  # fmt: skip
+    assert max(raw.values()) <= steps[last]
+    # The throughput panels are that counter's rate: per runner and per game they add up
+    # to the run's, at every instant.
+    whole = one_series(metrics_run, panel_query("Run and learner throughput", "A"))
+    for title in ("Env steps/s per runner", "Env steps/s per game"):
+        parts = over_the_run(metrics_run, panel_query(title))
+        assert len(parts) == WORKERS, (title, list(parts))
+        for t, total in whole.items():
+            assert math.isclose(sum(p.get(t, 0.0) for p in parts.values()), total,
+                                rel_tol=1e-9, abs_tol=1e-9), (title, t)  # fmt: skip
+    assert max(whole.values()) > 0
+
+
+def game_events(run: MetricsRun) -> list[dict]:
+    with (run.run_dir / "game_events.jsonl").open() as fh:
+        return [json.loads(line) for line in fh]
+
+
+@pytest.mark.slow
+def test_the_health_panels_show_the_killed_games_fault_and_reconnect(
+    metrics_run: MetricsRun,
+) -> None:
+    """The faults and reconnects in the window, per runner, show those of game_events.jsonl
+    (the kill: runner 1's game only; a window holds at least one, at most all of them); at
+    the end every game is up, none down."""
+    events = game_events(metrics_run)
+    for ref, kind in (("A", "fault"), ("B", "recovery")):
+        per_runner: dict[str, float] = {}
+        panel = over_the_run(metrics_run, panel_query("Faults and reconnects", ref))
+        for labels, series in panel.items():
+            runner = json.loads(labels)["runner"]
+            per_runner[runner] = max([per_runner.get(runner, 0.0), *series.values()])
+        want = {str(e["runner_index"]) for e in events if e["kind"] == kind}
+        assert {r for r, n in per_runner.items() if n > 0} == want, (kind, per_runner, events)
+        for runner in want:
+            count = sum(1 for e in events if e["kind"] == kind and str(e["runner_index"]) == runner)
+            # A window holds one of them or more, never more than there were.
+            assert 1 <= per_runner[runner] <= count, (kind, runner, per_runner, events)
+    assert {str(e["runner_index"]) for e in events} == {"1"}, events
+    up = over_the_run(metrics_run, panel_query("Games up"))
+    assert len(up) == WORKERS, list(up)
+    for query in (panel_query("Games down", "A"), panel_query("Games down", "B")):
+        series = one_series(metrics_run, query)
+        assert series[max(series)] == 0, (query.name, series)
+    # Whenever a runner's sampling reached Prometheus, so did its game's state (set again
+    # on every sample: Ray drops a gauge left unset for two report intervals, 20 s).
+    values = dashboard_values(metrics_run)
+    selector = f'stack=~"{values["stack"]}", run=~"{values["run"]}"'
+    counted = over_the_run(
+        metrics_run,
+        dq.Query(
+            "counters", "A", f"max by (runner) (ray_uerl_env_steps_total{{{selector}}})", "", False
+        ),
+    )
+    up_by_runner = {json.loads(labels)["runner"]: series for labels, series in up.items()}
+    for labels, series in counted.items():
+        runner = json.loads(labels)["runner"]
+        times = sorted(series)
+        reported = [t for a, t in itertools.pairwise(times) if series[t] != series[a]]
+        missing = [t for t in reported if t not in up_by_runner[runner]]
+        assert not missing, (runner, reported, missing)
+
+
+@pytest.mark.slow
+def test_the_latency_percentiles_are_ordered_and_under_the_request_timeout(
+    metrics_run: MetricsRun,
+) -> None:
+    """No step latency is in metrics.csv: the panel's percentiles are checked against each
+    other and the run's 2 s request timeout (a step RPC never takes longer)."""
+    p50, p90, p99, mean = (
+        one_series(metrics_run, panel_query("Game step latency, all games", ref)) for ref in "ABCD"
+    )
+    both = [t for t in p50 if t in p90 and t in p99 and math.isfinite(p50[t])]
+    assert both
+    for t in both:
+        assert 0 < p50[t] <= p90[t] <= p99[t] <= 2.0, (t, p50[t], p90[t], p99[t])
+        assert 0 < mean[t] <= 2.0, (t, mean[t])
+    per_game = over_the_run(metrics_run, panel_query("Game step latency p99 per game"))
+    assert len(per_game) == WORKERS
+    print(f"figure dashboard step latency at the end: p50 {p50[both[-1]] * 1e3:.2f} ms, "
+          f"p90 {p90[both[-1]] * 1e3:.2f} ms, p99 {p99[both[-1]] * 1e3:.2f} ms")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_checkpoint_age_panel_dates_a_checkpoint_the_run_wrote(
+    metrics_run: MetricsRun,
+) -> None:
+    """time() - age is the publish time: within 5 s after a checkpoint directory was last
+    written (the driver publishes right after the save)."""
+    age = one_series(metrics_run, panel_query("Newest checkpoint's age"))
+    written = [
+        d.stat().st_mtime
+        for d in (metrics_run.run_dir / "checkpoints").glob("checkpoint_*")
+        if d.is_dir()
+    ]
+    stamps = {round(t - a, 3) for t, a in age.items()}
+    for stamp in stamps:
+        assert any(-1 <= stamp - m <= 5 for m in written), (stamp, sorted(written))
+    assert all(a >= 0 for a in age.values())

@@ -205,6 +205,7 @@ class UEGameRunner:
         ):
             kwargs["num_timesteps"] = self._fragment_length * self.num_envs
         health = self.game_health_state()
+        self.telemetry.refresh()  # up or down, the game's gauges stay in the scrapes
         if health.refused:  # the driver stops the run after this iteration
             return self._sampled_nothing()
         if not health.healthy:
@@ -262,6 +263,8 @@ class UEGameRunner:
         if was_healthy:
             self._shared.publish(health.runner_index, health.down_since)
             self.telemetry.game_down(health.down_since or time.time())
+        else:  # still down, as the runner keeps trying
+            self.telemetry.refresh()
 
     def _note_recovery(self) -> None:
         health = self.game_health_state()

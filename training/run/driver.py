@@ -164,13 +164,14 @@ def _run_training(
         board = RunnerHealthBoard(
             endpoints.num_env_runners, give_up_after_s=options.game_down_limit_s
         )
+        published = _driver_metrics(endpoints, options)
         try:
             result = _loop(
                 algo, options, stop, log, board, game,
-                _rescaler(algo, endpoints, game, options, log), store,
-                _driver_metrics(endpoints, options),
+                _rescaler(algo, endpoints, game, options, log), store, published,
             )  # fmt: skip
         finally:
+            published.close()
             algo.stop()
             # RLlib's objects hold actor handles and in-flight object refs, some in
             # reference cycles: free them while Ray is connected, never in its teardown
@@ -329,9 +330,12 @@ def _loop(
             store()
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
+        newest = result.checkpoint
         result.checkpoint = _final_checkpoint(
             algo, options, rows, last_saved, result.checkpoint, game, league
         )
+        if published is not None and result.checkpoint != newest:
+            published.checkpoint_written()
     finally:
         stop.graceful = False
         tensorboard.close()

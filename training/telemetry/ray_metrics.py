@@ -13,6 +13,7 @@ all of them as many as the topology and the game have.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -148,7 +149,12 @@ def _make(spec: MetricSpec, default_tags: Mapping[str, str]) -> Any:
 
 class RunnerMetrics:
     """One env runner's figures (made in its Ray worker process, lazily: Ray's metric
-    objects need the worker connected)."""
+    objects need the worker connected).
+
+    Ray's metrics agent drops a gauge not set again within two report intervals (20 s by
+    default), so the game's state is set again by `refresh()`, which the runner calls on
+    every sample and while it waits for its game: a game up (or down) for minutes stays
+    in the scrapes."""
 
     def __init__(
         self, *, stack: str, run: str, runner: int, game: str, enabled: bool = True
@@ -156,13 +162,22 @@ class RunnerMetrics:
         self.tags = {"stack": stack, "run": run, "runner": str(runner), "game": game}
         self.enabled = enabled
         self._metrics: dict[str, Any] | None = None
+        self._down_since = 0.0  # 0 while the game answers
 
     def _get(self) -> dict[str, Any]:
         if self._metrics is None:
             self._metrics = {spec.name: _make(spec, self.tags) for spec in RUNNER_METRICS}
-            self._metrics[GAME_UP.name].set(1)
-            self._metrics[GAME_DOWN_SINCE.name].set(0)
+            self._set_state(self._metrics)
         return self._metrics
+
+    def _set_state(self, metrics: dict[str, Any]) -> None:
+        metrics[GAME_UP.name].set(0 if self._down_since else 1)
+        metrics[GAME_DOWN_SINCE.name].set(self._down_since)
+
+    def refresh(self) -> None:
+        """The game's state set again, as it is (Ray forgets a gauge left unset)."""
+        if self.enabled:
+            self._set_state(self._get())
 
     def sampled(self, env_steps: int, step_seconds: Iterable[float]) -> None:
         if not self.enabled:
@@ -178,16 +193,16 @@ class RunnerMetrics:
         if not self.enabled:
             return
         metrics = self._get()
-        metrics[GAME_UP.name].set(0)
-        metrics[GAME_DOWN_SINCE.name].set(since)
+        self._down_since = since or time.time()  # never 0: 0 says it answers
+        self._set_state(metrics)
         metrics[GAME_FAULTS.name].inc(1)
 
     def game_back(self) -> None:
         if not self.enabled:
             return
         metrics = self._get()
-        metrics[GAME_UP.name].set(1)
-        metrics[GAME_DOWN_SINCE.name].set(0)
+        self._down_since = 0.0
+        self._set_state(metrics)
         metrics[RECONNECTS.name].inc(1)
 
 
@@ -226,19 +241,59 @@ def losses(learners: Mapping[str, Any], names: Mapping[str, str]) -> dict[tuple[
 
 
 class DriverMetrics:
-    """The run's figures, from the driver (one per run)."""
+    """The run's figures, from the driver (one per run).
+
+    Ray's metrics agent drops a gauge not set again within two report intervals (20 s by
+    default): an iteration or the time between checkpoints is often longer. A heartbeat
+    thread sets every gauge again, as last set, every `REFRESH_S`; `close()` ends it
+    (before Ray is let go)."""
+
+    REFRESH_S = 5.0
 
     def __init__(self, *, stack: str, run: str, attempt: int = 1) -> None:
         self.tags = {"stack": stack, "run": run}
         self.attempt = attempt
         self._metrics: dict[str, Any] | None = None
         self._rescales = 0
+        # (name, extra tags) -> (value, extra tags): each gauge as last set.
+        self._gauges: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, dict]] = {}
+        self._lock = threading.Lock()  # an iteration's gauges change together
+        self._closed = threading.Event()
+        self._heartbeat: threading.Thread | None = None
 
     def _get(self) -> dict[str, Any]:
         if self._metrics is None:
             self._metrics = {spec.name: _make(spec, self.tags) for spec in DRIVER_METRICS}
-            self._metrics[ATTEMPT.name].set(self.attempt)
+            self._set(ATTEMPT, self.attempt)
+            self._heartbeat = threading.Thread(
+                target=self._beat, name="uerl-metrics-heartbeat", daemon=True
+            )
+            self._heartbeat.start()
         return self._metrics
+
+    def _set(self, spec: MetricSpec, value: float, tags: dict[str, str] | None = None) -> None:
+        extra = dict(tags or {})
+        self._gauges[(spec.name, tuple(sorted(extra.items())))] = (value, extra)
+        self._get()[spec.name].set(value, tags=extra or None)
+
+    def _beat(self) -> None:
+        while not self._closed.wait(self.REFRESH_S):
+            with self._lock:
+                if self._closed.is_set():
+                    return
+                self.refresh()
+
+    def refresh(self) -> None:
+        """Every gauge set again, as last set."""
+        metrics = self._get()
+        for (name, _), (value, extra) in list(self._gauges.items()):
+            metrics[name].set(value, tags=extra or None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=self.REFRESH_S)
 
     def iteration(
         self,
@@ -248,26 +303,28 @@ class DriverMetrics:
         rescales: int = 0,
     ) -> None:
         """`rescales`: the rescales the run has followed so far in this attempt."""
-        metrics = self._get()
-        for (policy, loss), value in (losses or {}).items():
-            metrics[LEARNER_LOSS.name].set(value, tags={"policy": policy, "loss": loss})
-        if rescales > self._rescales:
-            metrics[RESCALES.name].inc(rescales - self._rescales)
-            self._rescales = rescales
-        metrics[ITERATIONS.name].inc(1)
-        metrics[ITERATION.name].set(figures.iteration)
-        metrics[RUN_ENV_STEPS.name].set(figures.env_steps_total)
-        metrics[RUNNERS_HEALTHY.name].set(figures.runners_healthy)
-        metrics[RUNNERS.name].set(figures.runners_total)
-        # NaN is no figure (no episode finished yet): such a gauge stays unset.
-        for spec, value in (
-            (RUN_STEPS_PER_S, figures.env_steps_per_s),
-            (LEARNER_STEPS_PER_S, figures.learner_steps_per_s),
-            (EPISODE_RETURN, figures.episode_return_mean),
-            (EPISODE_LENGTH, figures.episode_len_mean),
-        ):
-            if not math.isnan(value):
-                metrics[spec.name].set(value)
+        with self._lock:
+            metrics = self._get()
+            for (policy, loss), value in (losses or {}).items():
+                self._set(LEARNER_LOSS, value, {"policy": policy, "loss": loss})
+            if rescales > self._rescales:
+                metrics[RESCALES.name].inc(rescales - self._rescales)
+                self._rescales = rescales
+            metrics[ITERATIONS.name].inc(1)
+            self._set(ITERATION, figures.iteration)
+            self._set(RUN_ENV_STEPS, figures.env_steps_total)
+            self._set(RUNNERS_HEALTHY, figures.runners_healthy)
+            self._set(RUNNERS, figures.runners_total)
+            # NaN is no figure (no episode finished yet): such a gauge stays unset.
+            for spec, value in (
+                (RUN_STEPS_PER_S, figures.env_steps_per_s),
+                (LEARNER_STEPS_PER_S, figures.learner_steps_per_s),
+                (EPISODE_RETURN, figures.episode_return_mean),
+                (EPISODE_LENGTH, figures.episode_len_mean),
+            ):
+                if not math.isnan(value):
+                    self._set(spec, value)
 
     def checkpoint_written(self, at: float | None = None) -> None:
-        self._get()[CHECKPOINT_TIME.name].set(time.time() if at is None else at)
+        with self._lock:
+            self._set(CHECKPOINT_TIME, time.time() if at is None else at)
