@@ -194,6 +194,33 @@ def test_max_restarts_without_supervise_is_refused_not_dropped(
     )
 
 
+def test_options_that_do_not_go_together_are_refused_before_the_train_flags_are_parsed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: refused only after the train flags' check, which loads RLlib (5 s and more).
+    def parsed(command: object) -> str:
+        raise AssertionError("the train flags were parsed first")
+
+    monkeypatch.setattr("training.commands.submit._check_command", parsed)
+    err = one_line_error(capsys, "--endpoints", str(tmp_path / "unread.json"), "--max-restarts",
+                         "3", "--", "train", code=2)  # fmt: skip
+    assert err.startswith("uerl submit: --max-restarts counts a supervisor's restarts")
+
+
+def test_train_flags_without_hyperparameters_are_checked_without_loading_rllib(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RLlib's training() options are read only to check a hyperparameter given.
+    def loaded(algo: str) -> dict[str, Any]:
+        raise AssertionError("RLlib's options were read with no hyperparameter to check")
+
+    monkeypatch.setattr("training.rllib.hparams.training_options", loaded)
+    missing = tmp_path / "unread.json"
+    err = one_line_error(capsys, "--endpoints", str(missing), "--", "train", "--run-name", "r1",
+                         code=2)  # fmt: skip
+    assert str(missing) in err
+
+
 def test_a_submission_id_with_supervise_is_refused_not_dropped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

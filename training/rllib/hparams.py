@@ -135,7 +135,9 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 def merge(algo: Algo, *layers: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     """Defaults for `algo`, then each (source, values) layer in order, validated."""
     defaults = dict(DEFAULTS[algo])
-    template = training_options(algo)
+    # Only when there is a value to check: it loads RLlib, seconds before a refusal of
+    # any other flag (`uerl submit` checks the train flags before reaching the cluster).
+    template = training_options(algo) if any(values for _, values in layers) else {}
     merged = dict(defaults)
     for source, values in layers:
         for key, value in values.items():
