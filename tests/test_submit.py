@@ -158,7 +158,10 @@ def test_a_hyperparameter_typo_after_the_dashes_is_refused_before_the_cluster(
 ) -> None:
     err = one_line_error(capsys, "--endpoints", str(tmp_path / "unread.json"), "--", "train",
                          "--hp", "clip_parm=0.1", code=2)  # fmt: skip
-    assert err == "uerl submit: train (after `--`): --hp: 'clip_parm' is not a PPO training option"
+    assert err == (
+        "uerl submit: train (after `--`): --hp: 'clip_parm' is not a PPO training option "
+        "(did you mean clip_param?)"
+    )
 
 
 def test_a_submission_id_with_a_space_is_refused_by_its_flag(

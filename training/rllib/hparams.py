@@ -7,6 +7,7 @@ the chosen algorithm does not know is an error that names it.
 
 from __future__ import annotations
 
+import difflib
 import numbers
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -181,7 +182,9 @@ def _check(algo: Algo, template: dict[str, Any], key: str, value: Any, source: s
             )
         return
     if key not in template:
+        # A key that is part of options (lambda, lambda_), else one a letter or two off.
         close = sorted(k for k in template if key.rstrip("_") in k)[:5]
+        close = close or difflib.get_close_matches(key, list(template), n=1, cutoff=0.8)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise HyperparameterError(f"{source}: {key!r} is not a {algo} training option{hint}")
     default = template[key]
