@@ -241,6 +241,30 @@ def test_a_kubeconfig_that_does_not_exist_is_named_with_exit_2(
     assert err == f"uerl submit: --kubeconfig {missing}: no such file"
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("hello\n", "not a kubeconfig (a YAML map of clusters, users and contexts)"),
+        ("- a\n- b\n", "not a kubeconfig (a YAML map of clusters, users and contexts)"),
+        ("clusters: 5\ncurrent-context: x\n", "not a kubeconfig (a YAML map of clusters"),
+        ("a: [\n", "while parsing a flow node expected the node content"),
+    ],
+)
+def test_a_kubeconfig_that_is_no_kubeconfig_is_one_line_saying_so(
+    endpoints_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    said: str,
+) -> None:
+    # Before: "'str' object does not support item assignment" and the like.
+    config = tmp_path / "kubeconfig"
+    config.write_text(text)
+    err = one_line_error(capsys, "--endpoints", str(endpoints_file), "--kubeconfig",
+                         str(config), "--", "train", code=2)  # fmt: skip
+    assert err.startswith(f"uerl submit: cannot load {config}: {said}")
+
+
 def _kubeconfig(path: Path, server: str) -> Path:
     path.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "k",
