@@ -286,6 +286,10 @@ def image_reference(value: str) -> str:
     if slash and ("." in first or ":" in first or first == "localhost" or first.lower() != first):
         if not _DOMAIN.fullmatch(first):
             raise refuse(f"registry {first!r} is not a host name or [IPv6] with an optional port")
+        # The kubelet's parser takes any digits; the pull then fails on each retry.
+        port = first.rpartition("]")[2].partition(":")[2]
+        if port and not 1 <= int(port) <= 65535:
+            raise refuse(f"registry {first!r}: port {port} is not a port number (1 to 65535)")
         path = remainder
     else:
         path = name

@@ -53,7 +53,11 @@ def _load_yaml(path: Path) -> Any:
             f"{exc.start}): a topology or stack file is YAML or JSON"
         ) from None
     except yaml.YAMLError as exc:
-        raise RenderError(f"{path} is not valid YAML: {exc}") from None
+        # One line, where: str(exc) is several, naming "<unicode string>" for the file.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RenderError(f"{path} is not valid YAML{where}: {problem}") from None
 
 
 def stack_file(stack: str, cwd: Path) -> Path:

@@ -443,6 +443,12 @@ def uerl_stricter(case: Case) -> str | None:
         # Kubernetes 1.36 takes a Service name starting with a digit (RelaxedServiceName-
         # Validation, beta, on by default); 1.34 and 1.35 refuse it: uerl keeps to both.
         return "topology.name: starts with a letter (Service names before Kubernetes 1.36)"
+    if case.place.kind.endswith("image") and isinstance(value, str):
+        registry = value.partition("/")[0].rpartition("]")[2]
+        port = registry.partition(":")[2] if "/" in value else ""
+        if port.isdigit() and not 1 <= int(port) <= 65535:
+            # The kubelet parses any digits, and its pull fails on each retry.
+            return "images: a registry's port is from 1 to 65535"
     own = ("ray.io/", "app.kubernetes.io/")
     if case.place.kind == "label key" and isinstance(value, str) and value.startswith(own):
         return "labels: uerl's and KubeRay's own keys"

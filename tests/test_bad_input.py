@@ -73,6 +73,18 @@ def test_a_hyperparameter_file_out_of_range_is_refused_naming_the_file_and_key(
     assert f"{hparams}: train_batch_size=-5: input should be greater than or equal to 1" in err
 
 
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("lamda=0.9", "lambda_"), ("clip_parm=0.1", "clip_param"), ("lambda=0.9", "lambda_")],
+)
+def test_a_misspelt_hyperparameter_is_told_the_option_it_meant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], typed: str, meant: str
+) -> None:
+    # Before: only an option the typed key is part of was offered (lambda, not lamda).
+    err = one_line_error(capsys, "local", "--hp", typed, "--run-dir", str(tmp_path / "run"))
+    assert err.endswith(f"is not a PPO training option (did you mean {meant}?)")
+
+
 # -- topology and stack files ----------------------------------------------------------
 
 

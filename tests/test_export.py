@@ -263,6 +263,20 @@ def test_export_out_that_cannot_be_written_is_refused_before_the_modules_load(
 
 
 @pytest.mark.usefixtures("no_loading")
+def test_export_of_a_checkpoint_that_is_a_file_says_it_is_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: "no such checkpoint directory", of a path that is there.
+    a_file = tmp_path / "checkpoint.zip"
+    a_file.write_text("")
+    code, err = export_cli(capsys, "--checkpoint", str(a_file))
+    assert (code, err) == (
+        2,
+        f"uerl export: --checkpoint {a_file}: a file, not a checkpoint directory",
+    )
+
+
+@pytest.mark.usefixtures("no_loading")
 def test_export_onto_a_full_disk_is_refused_before_the_modules_load(
     cartpole_checkpoint: Path,
     tmp_path: Path,

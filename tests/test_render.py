@@ -87,6 +87,18 @@ def test_topology_file_in_yaml_or_json(capsys, tmp_path: Path) -> None:
     assert games["spec"]["replicas"] == 4  # 3 workers' games + the discovery game
 
 
+def test_a_topology_file_that_is_not_yaml_is_one_line_naming_where(capsys, tmp_path) -> None:
+    # Before: PyYAML's five lines, naming "<unicode string>" for the file.
+    bad = tmp_path / "t.yaml"
+    bad.write_text("workers:\n  replicas: [1,\n")
+    code, out, err = run(capsys, "--topology", str(bad))
+    assert (code, out) == (2, "")
+    assert err.strip() == (
+        f"uerl render: {bad} is not valid YAML at line 3, column 1: expected the node "
+        "content, but found '<stream end>'"
+    )
+
+
 def test_invalid_topology_prints_one_message_naming_the_path_and_exits_2(capsys) -> None:
     code, out, err = run(capsys, "--stack", "dev", "--set", "topology.workers.replicas=-1")
     assert (code, out) == (2, "")

@@ -158,7 +158,10 @@ def test_a_hyperparameter_typo_after_the_dashes_is_refused_before_the_cluster(
 ) -> None:
     err = one_line_error(capsys, "--endpoints", str(tmp_path / "unread.json"), "--", "train",
                          "--hp", "clip_parm=0.1", code=2)  # fmt: skip
-    assert err == "uerl submit: train (after `--`): --hp: 'clip_parm' is not a PPO training option"
+    assert err == (
+        "uerl submit: train (after `--`): --hp: 'clip_parm' is not a PPO training option "
+        "(did you mean clip_param?)"
+    )
 
 
 def test_a_submission_id_with_a_space_is_refused_by_its_flag(
@@ -194,6 +197,33 @@ def test_max_restarts_without_supervise_is_refused_not_dropped(
     )
 
 
+def test_options_that_do_not_go_together_are_refused_before_the_train_flags_are_parsed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: refused only after the train flags' check, which loads RLlib (5 s and more).
+    def parsed(command: object) -> str:
+        raise AssertionError("the train flags were parsed first")
+
+    monkeypatch.setattr("training.commands.submit._check_command", parsed)
+    err = one_line_error(capsys, "--endpoints", str(tmp_path / "unread.json"), "--max-restarts",
+                         "3", "--", "train", code=2)  # fmt: skip
+    assert err.startswith("uerl submit: --max-restarts counts a supervisor's restarts")
+
+
+def test_train_flags_without_hyperparameters_are_checked_without_loading_rllib(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RLlib's training() options are read only to check a hyperparameter given.
+    def loaded(algo: str) -> dict[str, Any]:
+        raise AssertionError("RLlib's options were read with no hyperparameter to check")
+
+    monkeypatch.setattr("training.rllib.hparams.training_options", loaded)
+    missing = tmp_path / "unread.json"
+    err = one_line_error(capsys, "--endpoints", str(missing), "--", "train", "--run-name", "r1",
+                         code=2)  # fmt: skip
+    assert str(missing) in err
+
+
 def test_a_submission_id_with_supervise_is_refused_not_dropped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -209,6 +239,30 @@ def test_a_kubeconfig_that_does_not_exist_is_named_with_exit_2(
     err = one_line_error(capsys, "--endpoints", str(endpoints_file), "--kubeconfig",
                          str(missing), "--", "train", code=2)  # fmt: skip
     assert err == f"uerl submit: --kubeconfig {missing}: no such file"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("hello\n", "not a kubeconfig (a YAML map of clusters, users and contexts)"),
+        ("- a\n- b\n", "not a kubeconfig (a YAML map of clusters, users and contexts)"),
+        ("clusters: 5\ncurrent-context: x\n", "not a kubeconfig (a YAML map of clusters"),
+        ("a: [\n", "while parsing a flow node expected the node content"),
+    ],
+)
+def test_a_kubeconfig_that_is_no_kubeconfig_is_one_line_saying_so(
+    endpoints_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    said: str,
+) -> None:
+    # Before: "'str' object does not support item assignment" and the like.
+    config = tmp_path / "kubeconfig"
+    config.write_text(text)
+    err = one_line_error(capsys, "--endpoints", str(endpoints_file), "--kubeconfig",
+                         str(config), "--", "train", code=2)  # fmt: skip
+    assert err.startswith(f"uerl submit: cannot load {config}: {said}")
 
 
 def _kubeconfig(path: Path, server: str) -> Path:

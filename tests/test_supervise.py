@@ -404,6 +404,9 @@ def test_a_supervisor_sent_sigterm_stops_leaving_its_attempt_running(
         ("not-a-url", "'not-a-url': not an http(s) URL with a host"),
         ("head:8265", "'head:8265': not an http(s) URL with a host"),
         ("http://head:99999", "'http://head:99999': the port must be from 1 to 65535"),
+        # Before: taken (urlsplit keeps a space in the path) and retried for 30 minutes.
+        ("http://head:8265/ x", "'http://head:8265/ x': a URL has no whitespace"),
+        ("http://head:8265\n", "'http://head:8265\\n': a URL has no whitespace"),
     ],
 )
 def test_an_address_that_is_no_job_api_url_is_refused_at_once(
@@ -429,6 +432,34 @@ def test_a_train_flag_typo_is_one_line_naming_the_flag(
     assert capsys.readouterr().err.strip() == (
         "uerl supervise: train flags (after `--`): argument --iterations: 0: must be at least 1"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--run-name", "r2"], "--run-name r2: the run is --run-name before `--`"),
+        (["--resume", "auto"], "the supervisor resumes the run itself (--resume auto)"),
+        (["--run-dir", "elsewhere"], "leave out --run-dir and --checkpoint-dir"),
+        (["--checkpoint-dir", "elsewhere"], "leave out --run-dir and --checkpoint-dir"),
+    ],
+)
+def test_a_train_flag_the_supervisor_sets_itself_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    said: str,
+) -> None:
+    # Before: taken, and put after the supervisor's own: each attempt would have trained
+    # run r2 (or elsewhere) while the supervisor watched r1's checkpoints.
+    def started(self: Supervisor) -> int:
+        raise AssertionError("the supervisor started")
+
+    monkeypatch.setattr(Supervisor, "run", started)
+    assert supervise(["--address", "http://head:8265", "--run-name", "r1", "--", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("uerl supervise: train flags (after `--`): ")
+    assert said in err
 
 
 def test_the_exit_code_is_read_from_rays_failure_message() -> None:

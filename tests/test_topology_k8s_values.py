@@ -74,6 +74,8 @@ IMAGES = [
         f"ubuntu:22.04@{DIGEST}",
     ),
     ("registry..io/ray:1", "registry 'registry..io'", "[::1]:5000/team/game:v1"),
+    ("localhost:99999/ray:1", "registry 'localhost:99999': port 99999", "localhost:65535/ray:1"),
+    ("[::1]:0/ray:1", "registry '[::1]:0': port 0 is not a port", "[::1]:1/ray:1"),
     ("uerl//ray", "'' is not a repository path component", "ghcr.io/org/a__b/c-d.e"),
     ("", "it is empty", "ubuntu"),
 ]

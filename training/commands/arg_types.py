@@ -89,6 +89,9 @@ def matching(pattern: re.Pattern[str], rule: str, *, kind: str) -> Callable[[str
 def http_url(text: str) -> str:
     """An http(s) URL with a host (and a port in range, if given): the job API's address.
     Ray's client takes anything and fails at each request, which a supervisor retries."""
+    if any(c.isspace() or not c.isprintable() for c in text):
+        # urlsplit keeps it in the path; Ray's client fails at each request, retried.
+        raise argparse.ArgumentTypeError(f"{text!r}: a URL has no whitespace")
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(

@@ -151,13 +151,14 @@ def main(argv: Sequence[str]) -> int:
     args = (
         parser.parse_args(options) if command is not None else parser.parse_known_args(options)[0]
     )
-    problem = _check_command(command)
+    # Options that do not go together first: the command's check may load RLlib (seconds).
+    problem = _check_options(args) if command is not None else None
+    problem = problem or _check_command(command)
     if problem is not None:
         print(f"{PROG}: {problem}", file=sys.stderr)
         return 2
     assert command is not None
-    problem = _check_options(args)
-    if problem is None and args.supervise:
+    if args.supervise:
         problem = _check_supervised(command)
         problem = problem and f"--supervise: {problem}"
     if problem is not None:

@@ -76,6 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _set_by_the_supervisor(train: argparse.Namespace) -> str | None:
+    """Why the train flags clash with the supervisor's own (None: they do not). Each
+    attempt is `uerl train --run-name RUN --resume auto FLAGS`: a later flag would win,
+    and the attempts would train a run the supervisor does not watch."""
+    if train.run_name is not None:
+        return f"--run-name {train.run_name}: the run is --run-name before `--`; leave it out here"
+    if train.run_dir is not None or train.checkpoint_dir is not None:
+        return (
+            "a supervised run lives in the stack's run storage, where every attempt finds "
+            "it: leave out --run-dir and --checkpoint-dir"
+        )
+    if train.resume is not None:
+        return "the supervisor resumes the run itself (--resume auto): leave --resume out"
+    return None
+
+
 def main(argv: Sequence[str]) -> int:
     args_list = list(argv)
     cut = args_list.index("--") if "--" in args_list else len(args_list)
@@ -85,8 +101,11 @@ def main(argv: Sequence[str]) -> int:
 
     try:  # a typo is refused here, not by every attempt
         parse_for(train_parser(), ["--run-name", args.run_name, *train_args])
+        problem = _set_by_the_supervisor(parse_for(train_parser(), train_args))
     except ArgumentsRefused as exc:
-        print(f"{PROG}: train flags (after `--`): {exc}", file=sys.stderr)
+        problem = str(exc)
+    if problem is not None:
+        print(f"{PROG}: train flags (after `--`): {problem}", file=sys.stderr)
         return 2
     from training.ray_auth import token_client
     from training.supervise.supervisor import Supervisor

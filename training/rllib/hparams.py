@@ -7,6 +7,7 @@ the chosen algorithm does not know is an error that names it.
 
 from __future__ import annotations
 
+import difflib
 import numbers
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -135,7 +136,9 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 def merge(algo: Algo, *layers: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     """Defaults for `algo`, then each (source, values) layer in order, validated."""
     defaults = dict(DEFAULTS[algo])
-    template = training_options(algo)
+    # Only when there is a value to check: it loads RLlib, seconds before a refusal of
+    # any other flag (`uerl submit` checks the train flags before reaching the cluster).
+    template = training_options(algo) if any(values for _, values in layers) else {}
     merged = dict(defaults)
     for source, values in layers:
         for key, value in values.items():
@@ -179,7 +182,9 @@ def _check(algo: Algo, template: dict[str, Any], key: str, value: Any, source: s
             )
         return
     if key not in template:
+        # A key that is part of options (lambda, lambda_), else one a letter or two off.
         close = sorted(k for k in template if key.rstrip("_") in k)[:5]
+        close = close or difflib.get_close_matches(key, list(template), n=1, cutoff=0.8)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise HyperparameterError(f"{source}: {key!r} is not a {algo} training option{hint}")
     default = template[key]

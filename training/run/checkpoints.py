@@ -141,6 +141,8 @@ def resolve(resume: str, checkpoint_dir: Path, *, flag: str = "--resume") -> Pat
         path = Path(resume)
         if (path / LATEST).is_file():  # a checkpoint directory was given
             return resolve(LATEST, path, flag=flag)
+        if path.exists() and not path.is_dir():  # not "no such": it is there
+            raise CheckpointError(f"{flag} {resume}: a file, not a checkpoint directory")
         if not path.is_dir():
             raise CheckpointError(f"{flag} {resume}: no such checkpoint directory")
         return path

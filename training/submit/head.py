@@ -146,7 +146,12 @@ def kube_api_client(kubeconfig: str | Path | None, context: str | None) -> Any:
     except Exception as exc:  # ConfigException, or a file that is not YAML
         source = kubeconfig or "the default kubeconfig ($KUBECONFIG or ~/.kube/config)"
         shown = f" (context {context})" if context else ""
-        raise SubmitError(f"cannot load {source}{shown}: {exc}", BAD_INPUT) from None
+        reason = str(exc)
+        if isinstance(exc, (TypeError, AttributeError)):
+            # The client indexes whatever YAML the file holds as a map: 'str' object does
+            # not support item assignment, for a file of one line of text.
+            reason = "not a kubeconfig (a YAML map of clusters, users and contexts)"
+        raise SubmitError(f"cannot load {source}{shown}: {reason}", BAD_INPUT) from None
     configuration.retries = False
     from kubernetes.client import ApiClient
 
