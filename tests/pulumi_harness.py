@@ -6,7 +6,7 @@ is global) by tests/infra_fixtures.py:
     python tests/pulumi_harness.py  # config in env PULUMI_CONFIG, cwd = project root
 
 Report: {"resources": [{type, name, custom, parent, dependencies, inputs, providers,
-                        customTimeouts, retainOnDelete}],
+                        customTimeouts, retainOnDelete, aliases}],
          "exports": {...}, "error": null | {"type": ..., "message": ...}}
 """
 
@@ -33,6 +33,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
         if args.token == "kubernetes:helm:template":
             return {"result": []}
         return {}
+
+
+def _alias(alias: Any) -> dict[str, Any]:
+    if alias.HasField("spec"):
+        spec = alias.spec
+        parent = None if spec.noParent else (spec.parentUrn or "inherited")
+        return {"name": spec.name or None, "type": spec.type or None, "parent": parent}
+    return {"urn": alias.urn}
 
 
 def _timeouts(request: Any) -> dict[str, str] | None:
@@ -68,6 +76,8 @@ class RecordingMonitor(MockMonitor):
                     "customTimeouts": _timeouts(request),
                     # `pulumi destroy` leaves the object (and drops it from the state).
                     "retainOnDelete": bool(request.retainOnDelete),
+                    # Where the resource was before (an alias's spec: no parent, or which).
+                    "aliases": [_alias(alias) for alias in request.aliases],
                 }
             )
         return response

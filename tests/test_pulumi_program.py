@@ -28,6 +28,7 @@ from infra.endpoints import Endpoints
 CHART = "kubernetes:helm.sh/v4:Chart::kuberay-operator"
 CRDS = "pulumi-python:dynamic/uerl:KubeRayCRDs"
 RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
+TRAINING_CLUSTER = "uerl:index:TrainingCluster"
 NETWORKED = ("topology.pattern=networked",)
 UNREAL_LOADER = (
     "topology.pattern=networked",
@@ -63,6 +64,7 @@ def type_counts(report: dict[str, Any]) -> Counter[str]:
 
 def test_sidecar_dev_stack_creates_operator_namespace_endpoints_and_raycluster(sidecar) -> None:
     assert type_counts(sidecar) == {
+        TRAINING_CLUSTER: 1,
         "kubernetes:core/v1:Namespace": 1,
         "uerl:infra:KubeRayOperator": 1,
         CRDS: 1,
@@ -409,12 +411,15 @@ def test_the_stacks_namespace_outlives_destroy_with_the_runs_claim_it_keeps(side
     assert "enablePatchForce" not in provider["inputs"]
 
 
-def test_the_kept_namespace_stays_top_level_so_an_existing_stack_does_not_replace_it(
+def test_the_kept_namespace_says_it_was_top_level_so_an_existing_stack_does_not_replace_it(
     sidecar,
 ) -> None:
-    # A parent would change its URN: the engine would delete it, and everything in it.
+    # A new parent changes its URN: without the alias the engine would delete it, and
+    # everything in it.
     namespace, _ = one_and_provider(sidecar, NAMESPACE_TYPE)
-    assert namespace["name"] == "uerl" and namespace["parent"] is None
+    assert namespace["name"] == "uerl"
+    assert namespace["parent"] == f"{TRAINING_CLUSTER}::uerl"
+    assert {"name": None, "type": None, "parent": None} in namespace["aliases"]
 
 
 @pytest.mark.parametrize(
@@ -428,3 +433,35 @@ def test_the_kept_namespace_stays_top_level_so_an_existing_stack_does_not_replac
 def test_without_a_kept_claim_destroy_deletes_the_stacks_namespace(config: tuple[str, ...]) -> None:
     namespace, provider = one_and_provider(run_program(*config), NAMESPACE_TYPE)
     assert namespace["retainOnDelete"] is False and provider is None
+
+
+# -- one component: TrainingCluster -------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["sidecar", "networked", "unreal_loader", "own_cluster"])
+def test_every_resource_is_the_training_clusters_or_below_it(variant: str, request) -> None:
+    report = request.getfixturevalue(variant)
+    assert report["error"] is None, report["error"]
+    (cluster,) = resources_of(report, TRAINING_CLUSTER).values()
+    assert cluster["parent"] is None
+    others = [r for r in report["resources"] if r["type"] != TRAINING_CLUSTER]
+    assert others and all(r["parent"] is not None for r in others), [
+        (r["type"], r["name"]) for r in others if r["parent"] is None
+    ]
+
+
+@pytest.mark.parametrize("variant", ["sidecar", "networked", "unreal_loader", "own_cluster"])
+def test_each_child_that_was_top_level_has_an_alias_to_its_old_place(variant, request) -> None:
+    # Stacks made before the component: the engine then moves them, replacing nothing.
+    report = request.getfixturevalue(variant)
+    children = [r for r in report["resources"] if r["parent"] == f"{TRAINING_CLUSTER}::uerl"]
+    assert len(children) >= 5
+    for child in children:
+        assert {"name": None, "type": None, "parent": None} in child["aliases"], child["name"]
+
+
+def test_the_stack_exports_the_endpoints_of_its_topology_as_the_cluster_outputs_them(
+    sidecar,
+) -> None:
+    expected = dev_topology().endpoints().model_dump(mode="json")
+    assert integral_floats_to_int(sidecar["exports"]["endpoints"]) == expected

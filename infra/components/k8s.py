@@ -57,7 +57,12 @@ def register(obj: K8sObject, opts: pulumi.ResourceOptions) -> pulumi.CustomResou
     )
 
 
-def stack_provider(name: str, parent: pulumi.Resource | None, **options: bool) -> k8s.Provider:
+def stack_provider(
+    name: str,
+    parent: pulumi.Resource | None,
+    aliases: list[pulumi.Alias] | None = None,
+    **options: bool,
+) -> k8s.Provider:
     """An explicit provider for the stack's cluster (the default provider's config),
     with `options` (k8s.Provider's keyword arguments) on top. Moving a resource from the
     default provider to one of these replaces nothing: the engine asks the new provider's
@@ -68,5 +73,5 @@ def stack_provider(name: str, parent: pulumi.Resource | None, **options: bool) -
         name,
         **options,
         **{key: value for key, value in settings.items() if value is not None},
-        opts=pulumi.ResourceOptions(parent=parent),
+        opts=pulumi.ResourceOptions(parent=parent, aliases=aliases),
     )

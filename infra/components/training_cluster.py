@@ -1,0 +1,169 @@
+"""TrainingCluster (`uerl:index:TrainingCluster`): the whole uerl stack as one Pulumi
+component, from one typed topology. uerl's own program (`infra/__main__.py`) makes one; a
+team's program makes one beside its cluster, registry and buckets, in any language
+(`pulumi package add`, infra/package/).
+
+Every resource uerl makes is the component's child, so a Kubernetes provider given to the
+component (`providers`/`provider`) reaches each of them, and `protect` and transformations
+pass down as Pulumi passes them. Resources that were top-level before the component
+existed carry an alias to their old place: a stack made by an earlier uerl moves under it
+with nothing replaced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pulumi
+
+from infra import manifests
+from infra.components.instances import UeGames
+from infra.components.k8s import register, stack_provider
+from infra.components.metrics_component import StackMetrics, require_pod_monitor_crd
+from infra.components.network_policies import StackNetworkPolicies
+from infra.components.operator_component import KubeRayOperator
+from infra.components.raycluster_component import UerlRayCluster
+from infra.components.runs_component import RunStorage
+from infra.components.service_accounts import StackServiceAccounts
+from infra.components.volume_component import UeExecutablesVolume
+from infra.topology import Topology, TopologyError
+
+TYPE = "uerl:index:TrainingCluster"
+# Where the children sat before the component (uerl's own program, top-level).
+WAS_TOP_LEVEL = [pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)]
+
+
+def parse_topology(raw: Mapping[str, Any] | None, root: str = "topology") -> Topology:
+    """The topology from its plain form; a bad one stops the program with one line."""
+    try:
+        return Topology.parse(raw, root=root)
+    except TopologyError as exc:
+        # RunError: Pulumi prints the message alone, without a traceback.
+        raise pulumi.RunError(str(exc)) from None
+
+
+class TrainingCluster(pulumi.ComponentResource):
+    """The KubeRay operator, the RayCluster, the games, the volumes, the policies and the
+    run store of one topology."""
+
+    endpoints: pulumi.Output[dict[str, Any]]
+    namespace: pulumi.Output[str]
+    ray_token_secret: pulumi.Output[str | None]
+    runs_claim: pulumi.Output[str | None]
+
+    def __init__(
+        self,
+        name: str,
+        topology: Topology | Mapping[str, Any] | None = None,
+        opts: pulumi.ResourceOptions | None = None,
+        *,
+        project_root: Any = manifests.PROJECT_ROOT,
+    ) -> None:
+        super().__init__(TYPE, name, None, opts)
+        if not isinstance(topology, Topology):
+            topology = parse_topology(topology)
+        self.topology = topology
+        try:
+            objects = manifests.build(topology, project_root)
+        except TopologyError as exc:
+            raise pulumi.RunError(str(exc)) from None
+        if objects.pod_monitor is not None:
+            require_pod_monitor_crd()
+        self._make(topology, objects)
+        endpoints = topology.endpoints().model_dump(mode="json")
+        self.endpoints = pulumi.Output.from_input(endpoints)
+        self.namespace = pulumi.Output.from_input(topology.namespace)
+        self.ray_token_secret = pulumi.Output.from_input(topology.ray_token_secret)
+        self.runs_claim = pulumi.Output.from_input(topology.runs_claim_name)
+        self.register_outputs(
+            {
+                "endpoints": self.endpoints,
+                "namespace": self.namespace,
+                "ray_token_secret": self.ray_token_secret,
+                "runs_claim": self.runs_claim,
+            }
+        )
+
+    def _child(self, **options: Any) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions(parent=self, aliases=WAS_TOP_LEVEL, **options)
+
+    def _namespace_options(self, topology: Topology) -> pulumi.ResourceOptions:
+        """The stack's own namespace outlives `pulumi destroy` when it holds a runs claim
+        the destroy must leave (uerl's, kept by `runs.claim.keep_on_destroy`, or the
+        user's own): deleting a namespace deletes every object in it, and on a `Delete`
+        storage class every run on the claim. Then the next `pulumi up` takes it back, as
+        it does the claim."""
+        if topology.runs.store != "claim" or not topology.runs.claim.keep_on_destroy:
+            return self._child()
+        keep = stack_provider("namespace-keep", self, WAS_TOP_LEVEL, upsert_existing_objects=True)
+        return self._child(retain_on_delete=True, provider=keep)
+
+    def _make(self, topology: Topology, objects: manifests.Manifests) -> None:
+        base: list[pulumi.Resource] = []
+        if objects.namespace is not None:
+            base.append(register(objects.namespace, self._namespace_options(topology)))
+        # Pods may run as these: they exist before any pod does.
+        accounts: list[pulumi.Resource] = []
+        if objects.service_accounts:
+            accounts += StackServiceAccounts(
+                "service-accounts", objects.service_accounts, depends_on=base, opts=self._child()
+            ).accounts
+
+        operator_deps: list[pulumi.Resource] = []
+        if objects.operator is not None:
+            in_our_ns = objects.operator.namespace == topology.namespace
+            operator = KubeRayOperator(
+                "kuberay",
+                objects.operator,
+                (topology.namespace, topology.name),
+                depends_on=base if in_our_ns else [],
+                opts=self._child(),
+            )
+            operator_deps.append(operator.chart)
+
+        game_deps = [*base, *accounts]
+        if topology.uses_executables:
+            volume = UeExecutablesVolume(
+                "ue-executables",
+                topology.claim_name,
+                objects.pvc,
+                objects.loader_job,
+                depends_on=[*base, *accounts],
+                opts=self._child(),
+            )
+            game_deps += volume.ready
+
+        # The policies exist before any pod they guard does.
+        if objects.network_policies:
+            fence = StackNetworkPolicies(
+                "network-policies", objects.network_policies, depends_on=base, opts=self._child()
+            )
+            base = [*base, *fence.policies]
+            game_deps += fence.policies
+
+        # Sidecar games run inside the RayCluster's worker pods.
+        pod_deps = game_deps if topology.pattern == "sidecar" else [*base, *accounts]
+        cluster_deps = [*operator_deps, *pod_deps]
+        # The head mounts the runs claim.
+        if objects.runs_pvc is not None:
+            keep = topology.runs.claim.keep_on_destroy
+            runs = RunStorage("runs", objects.runs_pvc, keep, depends_on=base, opts=self._child())
+            cluster_deps.append(runs.pvc)
+        UerlRayCluster(
+            topology.name,
+            objects.raycluster,
+            objects.endpoints,
+            depends_on=cluster_deps,
+            opts=self._child(),
+        )
+        if objects.pod_monitor is not None:
+            StackMetrics("metrics", objects.pod_monitor, depends_on=base, opts=self._child())
+        if objects.ue_statefulset is not None and objects.ue_service is not None:
+            UeGames(
+                "ue-games",
+                objects.ue_statefulset,
+                objects.ue_service,
+                depends_on=game_deps,
+                opts=self._child(),
+            )
