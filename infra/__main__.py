@@ -39,7 +39,7 @@ def load_topology() -> Topology:
 
 def main() -> None:
     topology = load_topology()
-    cluster = TrainingCluster(topology.name, topology, project_root=PROJECT_ROOT)
+    cluster = TrainingCluster(topology.name, {"topology": topology}, project_root=PROJECT_ROOT)
     pulumi.export("endpoints", cluster.endpoints)
 
 

@@ -79,11 +79,15 @@ def test_the_docs_draw_the_contracts_layers() -> None:
     assert drawn == _contract("training-layers")["layers"]
 
 
+# Names a tool requires: a package's, and the Pulumi program's and plugin's entry points.
+REQUIRED_NAMES = {"__init__.py", "__main__.py"}
+
+
 def test_no_two_modules_share_a_file_name() -> None:
     names = Counter(
         path.name
         for part in ("training", "infra")
         for path in (ROOT / part).rglob("*.py")
-        if path.name != "__init__.py" and "_generated" not in path.parts
+        if path.name not in REQUIRED_NAMES and "_generated" not in path.parts
     )
     assert [name for name, count in names.items() if count > 1] == []

@@ -10,14 +10,16 @@ existed carry an alias to their old place: a stack made by an earlier uerl moves
 with nothing replaced.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the component package's schema is inferred
+# from these annotations as types (infra/package).
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, NotRequired, TypedDict
 
 import pulumi
 
 from infra import manifests
+from infra.components import topology_args
 from infra.components.instances import UeGames
 from infra.components.k8s import register, stack_provider
 from infra.components.metrics_component import StackMetrics, require_pod_monitor_crd
@@ -34,8 +36,32 @@ TYPE = "uerl:index:TrainingCluster"
 WAS_TOP_LEVEL = [pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)]
 
 
+def _unknown_at(value: Any, path: str) -> str | None:
+    """The first place in `value` holding an Output (another resource's, unknown at
+    preview): uerl decides from the topology what to create, so it must be plain."""
+    if isinstance(value, pulumi.Output):
+        return path
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _unknown_at(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _unknown_at(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
 def parse_topology(raw: Mapping[str, Any] | None, root: str = "topology") -> Topology:
     """The topology from its plain form; a bad one stops the program with one line."""
+    unknown = _unknown_at(raw, root)
+    if unknown is not None:
+        raise pulumi.RunError(
+            f"{unknown}: an output of another resource; the topology decides what uerl "
+            "creates, so its values must be plain (known before anything is created)"
+        )
     try:
         return Topology.parse(raw, root=root)
     except TopologyError as exc:
@@ -43,24 +69,40 @@ def parse_topology(raw: Mapping[str, Any] | None, root: str = "topology") -> Top
         raise pulumi.RunError(str(exc)) from None
 
 
+class TrainingClusterArgs(TypedDict):
+    """What a TrainingCluster is made of."""
+
+    topology: NotRequired[topology_args.Topology]
+    """The topology: the fields, names and defaults of `uerl:topology` (docs/topology.md).
+    Missing fields take their defaults; values are checked as `pulumi preview` checks
+    `uerl:topology`, each error one line naming the field."""
+
+
 class TrainingCluster(pulumi.ComponentResource):
-    """The KubeRay operator, the RayCluster, the games, the volumes, the policies and the
-    run store of one topology."""
+    """uerl's training cluster on Kubernetes, from one topology: the KubeRay operator, a
+    RayCluster (a head that schedules nothing, learners, env runners), the games (sidecars
+    or a StatefulSet), the volumes, the NetworkPolicies and the run store."""
 
     endpoints: pulumi.Output[dict[str, Any]]
+    """What `uerl train` and `uerl submit` read (`pulumi stack output endpoints`): the
+    games, Ray's addresses, the run store."""
     namespace: pulumi.Output[str]
+    """The namespace every object is in."""
     ray_token_secret: pulumi.Output[str | None]
+    """The Secret holding the token Ray's API and GCS ask for (none without a token)."""
     runs_claim: pulumi.Output[str | None]
+    """The claim runs are stored on (none when they go to a bucket)."""
 
     def __init__(
         self,
         name: str,
-        topology: Topology | Mapping[str, Any] | None = None,
+        args: TrainingClusterArgs,
         opts: pulumi.ResourceOptions | None = None,
         *,
-        project_root: Any = manifests.PROJECT_ROOT,
+        project_root: Path = manifests.PROJECT_ROOT,
     ) -> None:
         super().__init__(TYPE, name, None, opts)
+        topology = args.get("topology")
         if not isinstance(topology, Topology):
             topology = parse_topology(topology)
         self.topology = topology

@@ -1,0 +1,83 @@
+"""The component package (infra/package): its schema comes from TrainingCluster's typed
+arguments, which are generated from the topology's models, so the two cannot drift."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pulumi.provider.experimental.component import ComponentProvider
+
+from infra.components import topology_args
+from infra.components.training_cluster import TYPE, TrainingCluster
+from infra.package import generate
+from infra.topology_reference import rows
+
+PACKAGE = Path(__file__).resolve().parent.parent / "infra" / "package"
+
+
+@cache
+def schema() -> dict[str, Any]:
+    return json.loads(ComponentProvider([TrainingCluster], "uerl").schema)
+
+
+def camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
+def test_the_generated_input_types_are_those_of_the_topology_as_it_is() -> None:
+    # After a topology change: python -m infra.package.generate
+    assert Path(topology_args.__file__).read_text() == generate.source()
+
+
+def test_the_package_has_one_resource_the_training_cluster() -> None:
+    assert list(schema()["resources"]) == [TYPE]
+
+
+def test_its_input_is_the_topology_and_its_outputs_what_a_user_reads() -> None:
+    resource = schema()["resources"][TYPE]
+    assert resource["inputProperties"]["topology"]["$ref"] == "#/types/uerl:index:Topology"
+    assert set(resource["properties"]) == {"endpoints", "namespace", "rayTokenSecret", "runsClaim"}
+
+
+def _property(path: str) -> dict[str, Any]:
+    """A topology field's schema property by its config path (`runs.s3.bucket`)."""
+    types = schema()["types"]
+    node: dict[str, Any] = types["uerl:index:Topology"]
+    parts = path.replace("[]", "").split(".")
+    for index, part in enumerate(parts):
+        prop = node["properties"][camel(part)]
+        if index == len(parts) - 1:
+            return prop
+        ref = prop.get("$ref") or prop.get("items", {}).get("$ref")
+        node = types[ref.removeprefix("#/types/")]
+    raise AssertionError(path)
+
+
+def test_every_topology_field_is_an_input_property_with_its_meaning() -> None:
+    fields = rows()
+    assert len(fields) > 150
+    for row in fields:
+        prop = _property(row.path)
+        if row.comment:
+            assert prop.get("description"), row.path
+
+
+def test_number_and_switch_fields_keep_their_kinds() -> None:
+    assert _property("workers.replicas")["type"] == "integer"
+    assert _property("learners.cpus")["type"] == "number"
+    assert _property("runs.claim.keep_on_destroy")["type"] == "boolean"
+    assert _property("workers.node_selector")["additionalProperties"]["type"] == "string"
+
+
+def test_the_plugin_runs_the_host_in_the_projects_virtualenv() -> None:
+    plugin = yaml.safe_load((PACKAGE / "PulumiPlugin.yaml").read_text())
+    assert plugin["runtime"]["name"] == "python"
+    venv = (PACKAGE / plugin["runtime"]["options"]["virtualenv"]).resolve()
+    assert venv == (PACKAGE.parent.parent / ".venv").resolve()
+    host = (PACKAGE / "__main__.py").read_text()
+    assert "component_provider_host(" in host and "TrainingCluster" in host
