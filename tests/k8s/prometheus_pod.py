@@ -312,6 +312,7 @@ class InClusterPrometheus:
     url: str
     pod_monitor: dict[str, Any]
     started_s: float  # apply to ready
+    ready_at: float  # time.time() when it answered
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
@@ -328,6 +329,13 @@ class InClusterPrometheus:
         """[{"metric": labels, "value": [t, "v"]}] at `at` (now: None)."""
         params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
         return list(self.get("/api/v1/query", params)["result"])
+
+    def query_range(
+        self, expr: str, start: float, end: float, step_s: float = 5.0
+    ) -> list[dict[str, Any]]:
+        """[{"metric": labels, "values": [[t, "v"], ...]}] from `start` to `end`."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step_s}
+        return list(self.get("/api/v1/query_range", params)["result"])
 
     def targets(self) -> list[dict[str, Any]]:
         """The active targets of the PodMonitor's scrape pool."""
@@ -364,4 +372,6 @@ def start(
         log = cp.kubectl("logs", "-n", NAMESPACE, NAME, "--tail=40", check=False)
         raise ControlPlaneError(f"prometheus not ready:\n{done.stderr}\n{log.stdout}{log.stderr}")
     ip = cp.get_json("pod", "-n", NAMESPACE, NAME)["status"]["podIP"]
-    return InClusterPrometheus(cp, f"http://{ip}:{PORT}", pod_monitor, time.monotonic() - started)
+    return InClusterPrometheus(
+        cp, f"http://{ip}:{PORT}", pod_monitor, time.monotonic() - started, time.time()
+    )

@@ -713,6 +713,45 @@ def test_the_drivers_last_iteration_in_prometheus_is_the_runs_last_in_metrics_cs
     }, heads
 
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "dashboards" / "uerl-training.json"
+DASHBOARD_VALUES = {"stack": CLUSTER, "run": RUN_NAME, "window": "1m"}
+GRAFANA_VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
+# Panels with data only after a game fault its env runner outlives (a networked game
+# lost, a game restarted): the sidecar run has none, its lost pod takes the runner with
+# the game, and the new pod's runner starts its counters afresh.
+NEEDS_A_FAULT_OUTLIVED = {"Faults and reconnects"}
+
+
+def test_every_dashboard_query_returns_data_of_the_run(
+    prometheus: InClusterPrometheus, sidecar_run: SidecarRun
+) -> None:
+    """Each panel's PromQL of the repository's Grafana dashboard, its variables filled in
+    as Grafana would for this stack and run, over the run (a graph's range query)."""
+    if not DASHBOARD.exists():
+        pytest.skip(f"no dashboard at {DASHBOARD}")
+    board = json.loads(DASHBOARD.read_text())
+    panels = [
+        inner for panel in board["panels"]
+        for inner in ([panel] if panel.get("type") != "row" else panel.get("panels", []))
+    ]  # fmt: skip
+
+    def filled(expr: str) -> str:
+        return GRAFANA_VARIABLE.sub(lambda m: DASHBOARD_VALUES[m.group(1) or m.group(2)], expr)
+
+    empty: list[str] = []
+    checked = 0
+    for panel in panels:
+        for target in panel.get("targets", []):
+            expr = filled(target["expr"])
+            series = prometheus.query_range(expr, prometheus.ready_at, time.time())
+            points = [v for s in series for _, v in s["values"] if v not in ("NaN", "+Inf")]
+            print(f"dashboard {panel['title']!r} {target['refId']}: {len(points)} point(s)")
+            checked += 1
+            if not points and panel["title"] not in NEEDS_A_FAULT_OUTLIVED:
+                empty.append(f"{panel['title']!r} {target['refId']}: {expr}")
+    assert checked and not empty, "no data:\n" + "\n".join(empty)
+
+
 def test_only_the_scraper_reaches_the_metrics_port_and_nothing_else(
     node_control_plane: ControlPlane, prometheus: InClusterPrometheus, figures: Figures
 ) -> None:
@@ -728,6 +767,8 @@ def test_only_the_scraper_reaches_the_metrics_port_and_nothing_else(
         assert not connects(cp, monitoring, UNLABELLED_PROBE, address, METRICS_PORT), address
     assert not connects(cp, monitoring, prometheus_pod.NAME, head, GCS_PORT)
     figures["prometheus_cpu_s_after_sidecar_run"] = round(prometheus.cpu_seconds(), 1)
+    # Its last test: the rest of the module runs without a scrape of every Ray pod each 5 s.
+    cp.kubectl("delete", "namespace", monitoring, "--wait=false")
 
 
 # ---- `uerl submit`: the same training from this machine, through the Kubernetes API -----
