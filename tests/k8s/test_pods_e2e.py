@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import prometheus_pod
 import pytest
 from controlplane import NODE_API_ADDRESS, ControlPlane
 from fault_schedule import (
@@ -85,12 +86,14 @@ from pods_stack import (
     stack_settings,
     write_json,
 )
+from prometheus_pod import InClusterPrometheus
 from pulumi_project import PulumiProject, Result
 from pyarrow import fs
 from ray_api_calls import gcs_nodes, http_status  # tests/, on the path via its conftest
 from stacks import running_and_ready
 
-from infra.topology import JOB_STOP_GRACE_S, quantity_value
+from infra.endpoints import worker_endpoint
+from infra.topology import GCS_PORT, JOB_STOP_GRACE_S, METRICS_PORT, quantity_value
 from training.ray_auth import token_client
 from training.runstore import attempts
 from training.runstore.atomic import PARTIAL_PREFIX
@@ -175,10 +178,31 @@ class Up:
     started: float  # time.monotonic() when `pulumi up` began
 
 
+# The stack's PodMonitor, and its NetworkPolicy admitting the Prometheus of namespace
+# `monitoring` (prometheus_pod.py) to the Ray pods' metrics port. Scraped every 5 s, not
+# the default 30 s: Ray's processes report every 10 s, and the run is minutes long.
+METRICS_SETTINGS = {
+    "topology.metrics.pod_monitor": "true",
+    "topology.metrics.interval": "5s",
+    "topology.metrics.scraper.namespace": prometheus_pod.NAMESPACE,
+    **{f'topology.metrics.scraper.labels["{key}"]': value
+       for key, value in prometheus_pod.LABELS.items()},
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def dev_stack(project: PulumiProject, images: dict[str, str], figures: Figures) -> Up:
+def pod_monitor_crd(node_control_plane: ControlPlane) -> None:
+    """The Prometheus Operator's PodMonitor CRD, as a cluster running the Operator has it
+    (no Operator here: prometheus_pod.py makes its scrape config as the Operator would)."""
+    prometheus_pod.install_pod_monitor_crd(node_control_plane)
+
+
+@pytest.fixture(scope="module")
+def dev_stack(
+    project: PulumiProject, images: dict[str, str], figures: Figures, pod_monitor_crd: None
+) -> Up:
     """`pulumi stack init dev`, the machine's overrides, `pulumi up`."""
-    settings = stack_settings(images["busybox"])
+    settings = stack_settings(images["busybox"]) | METRICS_SETTINGS
     project.new_stack("dev", settings | {"topology.learners.image": images["ray-learner"]})
     started = time.monotonic()
     result = project.up("dev", "--skip-preview", timeout_s=guard(900))
@@ -197,6 +221,23 @@ def dashboard(
 @pytest.fixture(scope="module")
 def jobs(dashboard: PortForward) -> RayJobs:
     return RayJobs(dashboard)
+
+
+# A pod of namespace `monitoring` without the scraper's labels: the NetworkPolicy's outsider.
+UNLABELLED_PROBE = "unlabelled"
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    node_control_plane: ControlPlane, images: dict[str, str], dev_stack: Up, figures: Figures
+) -> InClusterPrometheus:
+    """Prometheus in namespace `monitoring`, scraping what the stack's PodMonitor (read
+    back from the API server) selects (prometheus_pod.py), from before the training."""
+    server = prometheus_pod.start(
+        node_control_plane, NAMESPACE, images["ray"], probe_pod=UNLABELLED_PROBE
+    )
+    figures["prometheus_apply_to_ready_s"] = round(server.started_s, 1)
+    return server
 
 
 # ---- a. `pulumi up` on real pods ------------------------------------------------------
@@ -418,6 +459,7 @@ def sidecar_run(
     dev_stack: Up,
     jobs: RayJobs,
     figures: Figures,
+    prometheus: InClusterPrometheus,  # scraping the whole run
 ) -> SidecarRun:
     cp = node_control_plane
     run = SidecarRun()
@@ -589,6 +631,144 @@ def test_the_stored_run_is_listed_pulled_and_exported_on_this_machine(
     assert written and len(checks) == len(written), done.stdout
     counts = [int(n) for line in checks for n in re.findall(r"(\d+) mismatch\(es\)", line)]
     assert counts and set(counts) == {0}, done.stdout
+
+
+# ---- Prometheus scraping the run through the PodMonitor and the NetworkPolicy --------
+
+PROMETHEUS_JOB = f"{NAMESPACE}/{CLUSTER}-ray"  # the Operator's job label: <ns>/<PodMonitor>
+
+
+def test_prometheus_scrapes_every_ray_pod_up_through_the_pod_monitor(
+    node_control_plane: ControlPlane, prometheus: InClusterPrometheus, sidecar_run: SidecarRun
+) -> None:
+    cp = node_control_plane
+    seen: dict[str, dict[str, Any]] = {}
+
+    def every_pod_up() -> bool:
+        pods = {p["metadata"]["name"]: p for p in ray_pods(cp)}
+        targets = {t["labels"]["pod"]: t for t in prometheus.targets()}
+        seen.update(pods=pods, targets=targets)
+        return set(targets) == set(pods) and all(t["health"] == "up" for t in targets.values())
+
+    # A target new since the last scrape shows "unknown" until scraped (every 5 s).
+    cp.wait_until(every_pod_up, guard(60), "every Ray pod an up target of the PodMonitor")
+    pods, targets = seen["pods"], seen["targets"]
+    groups = Counter(p["metadata"]["labels"]["ray.io/group"] for p in pods.values())
+    assert set(groups) == {"headgroup", "learners", "workers"}, groups
+    for name, target in targets.items():
+        assert target["labels"]["job"] == PROMETHEUS_JOB, target
+        assert target["labels"]["endpoint"] == "metrics", target
+        ip = pods[name]["status"]["podIP"]
+        assert target["scrapeUrl"] == f"http://{ip}:{METRICS_PORT}/metrics", target
+    # What Prometheus scraped of them is Ray's own metrics agent's.
+    up = prometheus.query(f'up{{job="{PROMETHEUS_JOB}"}}')
+    assert {r["metric"]["pod"] for r in up if r["value"][1] == "1"} == set(pods), up
+
+
+def test_each_env_runner_s_env_steps_are_a_series_labelled_with_its_game(
+    project: PulumiProject, prometheus: InClusterPrometheus, sidecar_run: SidecarRun
+) -> None:
+    selector = f'job="{PROMETHEUS_JOB}", run="{RUN_NAME}"'
+    by_runner = prometheus.query(
+        f"max by (runner, game) (max_over_time(ray_uerl_env_steps_total{{{selector}}}[1h]))"
+    )
+    by_pod = prometheus.query(
+        f"count by (pod) (count_over_time(ray_uerl_env_steps_total{{{selector}}}[1h]))"
+    )
+    print(f"ray_uerl_env_steps_total by runner: {by_runner}\nby pod: {by_pod}")
+    runners = Counter(r["metric"]["runner"] for r in by_runner)
+    # The run grew to 3 runners: each of them a series, each with one game.
+    assert len(runners) >= 3 and set(runners.values()) == {1}, by_runner
+    assert all(float(r["value"][1]) > 0 for r in by_runner), by_runner
+    endpoints = project.outputs("dev")["endpoints"]
+    games = {
+        worker_endpoint(endpoints["worker_url_template"], endpoints["port"],
+                        endpoints["port_offset_mode"], slot)
+        for slot in range(1, max(map(int, runners)) + 1)
+    }  # fmt: skip
+    assert {r["metric"]["game"] for r in by_runner} <= games, (by_runner, games)
+    # Scraped from the worker pods the runners ran on (each Ray node serves its own).
+    workers = {
+        p["metadata"]["name"]
+        for key in ("before_shrink", "after_delete")
+        for p in sidecar_run.workers[key]
+    }
+    assert {r["metric"]["pod"] for r in by_pod} <= workers, (by_pod, workers)
+
+
+def test_the_drivers_last_iteration_in_prometheus_is_the_runs_last_in_metrics_csv(
+    node_control_plane: ControlPlane, prometheus: InClusterPrometheus, sidecar_run: SidecarRun
+) -> None:
+    rows = (_claim_dir(node_control_plane) / RUN_NAME / "metrics.csv").read_text().splitlines()
+    last = int(rows[-1].split(",")[0])
+    selector = f'job="{PROMETHEUS_JOB}", run="{RUN_NAME}"'
+    iteration = f"ray_uerl_training_iteration{{{selector}}}"
+    scraped = prometheus.query(f"max(last_over_time({iteration}[1h]))")
+    print(f"ray_uerl_training_iteration: {scraped}; metrics.csv's last iteration: {last}")
+    assert scraped and float(scraped[0]["value"][1]) == last, (scraped, last)
+    # Scraped from the head, where the job's driver runs.
+    heads = prometheus.query(f"count by (pod) (count_over_time({iteration}[1h]))")
+    assert {r["metric"]["pod"] for r in heads} <= {
+        p["metadata"]["name"] for p in ray_pods(node_control_plane, "headgroup")
+    }, heads
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "dashboards" / "uerl-training.json"
+DASHBOARD_VALUES = {"stack": CLUSTER, "run": RUN_NAME, "window": "1m"}
+GRAFANA_VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
+# Panels with data only after a game fault its env runner outlives (a networked game
+# lost, a game restarted): the sidecar run has none, its lost pod takes the runner with
+# the game, and the new pod's runner starts its counters afresh.
+NEEDS_A_FAULT_OUTLIVED = {"Faults and reconnects"}
+
+
+def test_every_dashboard_query_returns_data_of_the_run(
+    prometheus: InClusterPrometheus, sidecar_run: SidecarRun
+) -> None:
+    """Each panel's PromQL of the repository's Grafana dashboard, its variables filled in
+    as Grafana would for this stack and run, over the run (a graph's range query)."""
+    if not DASHBOARD.exists():
+        pytest.skip(f"no dashboard at {DASHBOARD}")
+    board = json.loads(DASHBOARD.read_text())
+    panels = [
+        inner for panel in board["panels"]
+        for inner in ([panel] if panel.get("type") != "row" else panel.get("panels", []))
+    ]  # fmt: skip
+
+    def filled(expr: str) -> str:
+        return GRAFANA_VARIABLE.sub(lambda m: DASHBOARD_VALUES[m.group(1) or m.group(2)], expr)
+
+    empty: list[str] = []
+    checked = 0
+    for panel in panels:
+        for target in panel.get("targets", []):
+            expr = filled(target["expr"])
+            series = prometheus.query_range(expr, prometheus.ready_at, time.time())
+            points = [v for s in series for _, v in s["values"] if v not in ("NaN", "+Inf")]
+            print(f"dashboard {panel['title']!r} {target['refId']}: {len(points)} point(s)")
+            checked += 1
+            if not points and panel["title"] not in NEEDS_A_FAULT_OUTLIVED:
+                empty.append(f"{panel['title']!r} {target['refId']}: {expr}")
+    assert checked and not empty, "no data:\n" + "\n".join(empty)
+
+
+def test_only_the_scraper_reaches_the_metrics_port_and_nothing_else(
+    node_control_plane: ControlPlane, prometheus: InClusterPrometheus, figures: Figures
+) -> None:
+    """The stack's `<name>-ray-metrics` NetworkPolicy, enforced by kube-router: a pod of
+    namespace `monitoring` without the scraper's labels times out; Prometheus' own pod
+    connects, to the metrics port only."""
+    cp = node_control_plane
+    head = pod_ip(cp, NAMESPACE, head_pod(cp))
+    worker = pod_ip(cp, NAMESPACE, ray_pods(cp, "workers")[0]["metadata"]["name"])
+    monitoring = prometheus_pod.NAMESPACE
+    for address in (head, worker):
+        assert connects(cp, monitoring, prometheus_pod.NAME, address, METRICS_PORT), address
+        assert not connects(cp, monitoring, UNLABELLED_PROBE, address, METRICS_PORT), address
+    assert not connects(cp, monitoring, prometheus_pod.NAME, head, GCS_PORT)
+    figures["prometheus_cpu_s_after_sidecar_run"] = round(prometheus.cpu_seconds(), 1)
+    # Its last test: the rest of the module runs without a scrape of every Ray pod each 5 s.
+    cp.kubectl("delete", "namespace", monitoring, "--wait=false")
 
 
 # ---- `uerl submit`: the same training from this machine, through the Kubernetes API -----
@@ -1719,8 +1899,8 @@ def test_destroy_leaves_no_pod_container_or_sandbox_of_the_stack(
     networked_run: NetworkedRun,
 ) -> None:
     cp = node_control_plane
-    cp.kubectl("delete", "namespace", OUTSIDER_NS, "uerl-files", "--wait=true",
-               timeout_s=guard(300))  # fmt: skip
+    cp.kubectl("delete", "namespace", OUTSIDER_NS, "uerl-files", prometheus_pod.NAMESPACE,
+               "--wait=true", "--ignore-not-found", timeout_s=guard(300))  # fmt: skip
     project.run("destroy", "--yes", "--skip-preview", stack="dev", timeout_s=guard(900))
     cp.wait_until(
         lambda: cp.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0,
