@@ -99,3 +99,12 @@ def test_a_closed_drivers_heartbeat_sets_nothing_more(
     count = len(made[rm.ITERATION.name].sets)
     time.sleep(0.1)
     assert len(made[rm.ITERATION.name].sets) == count
+
+
+def test_the_store_lag_is_published_as_the_time_the_store_holds_the_run_through(
+    made: dict[str, FakeMetric],
+) -> None:
+    driver = rm.DriverMetrics(stack="s", run="r")
+    driver.stored_through(1234.0)
+    driver.close()
+    assert made[rm.STORED_THROUGH.name].sets == [1234.0]

@@ -613,3 +613,31 @@ def test_a_start_that_fails_leaves_nothing_of_a_new_run_in_the_bucket(
     assert train.main(["--endpoints", str(bucket_endpoints(tmp_path)), "--run-name", RUN]) == 1
     assert [k for k in bucket.objects if k.startswith(f"b/p/{RUN}/")] == []
     assert not (tmp_path / "uerl-runs" / RUN).exists()
+
+
+# ---- the store's lag, as the driver publishes it ------------------------------------
+
+
+def test_a_bucket_holds_the_run_up_to_its_last_rounds_start_and_not_while_down(
+    tmp_path: Path, bucket: FakeBucket, quick_retries: None
+) -> None:
+    (tmp_path / "metrics.csv").write_text("iteration\n1\n")
+    mirror = Mirror(LOCATION, RUN, tmp_path, log=print)
+    assert mirror.stored_through is None  # nothing stored yet
+    before = time.time()
+    mirror.sync()
+    assert mirror.wait_idle(30)
+    first = mirror.stored_through
+    assert first is not None and before <= first <= time.time()
+    down_for(bucket, -1)
+    (tmp_path / "game_events.jsonl").write_text("{}\n")  # new: a grown file may wait
+    mirror.sync()
+    time.sleep(0.3)  # rounds fail and retry meanwhile
+    assert mirror.stored_through == first  # the lag grows while the store is down
+    down_for(bucket, 0)
+    mirror.sync()
+    deadline = time.monotonic() + 30
+    while mirror.stored_through == first and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert mirror.stored_through is not None and mirror.stored_through > first
+    assert mirror.close(timeout_s=30)

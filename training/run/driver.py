@@ -88,13 +88,13 @@ def run_training(
     *,
     stop: StopRequest | None = None,
     log: Log = print_line,
-    store: Callable[[], None] | None = None,
+    store: Callable[[], float | None] | None = None,
 ) -> TrainResult:
     """Train against `endpoints`; Ray is connected here and disconnected on return.
     Ray's and RLlib's own output goes to `<run_dir>/logs/ray.log` (and, with
     `options.verbose`, to the console as Ray prints it). `store` is called after each
     iteration's artefacts are written, and after the last ones."""
-    store = store or _nothing
+    store = store or _in_place
     try:
         with RayConsole(options.run_dir / RAY_LOG_NAME, verbose=options.verbose) as console:
             return _run_training(endpoints, options, console, stop=stop, log=log, store=store)
@@ -102,8 +102,9 @@ def run_training(
         store()
 
 
-def _nothing() -> None:
-    pass
+def _in_place() -> float | None:
+    """No run store: the run directory is where the run is kept, whole at once."""
+    return time.time()
 
 
 def _run_training(
@@ -113,7 +114,7 @@ def _run_training(
     *,
     stop: StopRequest | None,
     log: Log,
-    store: Callable[[], None],
+    store: Callable[[], float | None],
 ) -> TrainResult:
     import ray
 
@@ -283,7 +284,7 @@ def _loop(
     board: RunnerHealthBoard,
     game: GameSpec | None = None,
     rescaler: Rescaler | None = None,
-    store: Callable[[], None] = _nothing,
+    store: Callable[[], float | None] = _in_place,
     published: DriverMetrics | None = None,
 ) -> TrainResult:
     result = TrainResult()
@@ -327,7 +328,9 @@ def _loop(
                 log(_saved_line(result.checkpoint, timings))
                 if published is not None:
                     published.checkpoint_written()
-            store()
+            stored_through = store()
+            if published is not None and stored_through is not None:
+                published.stored_through(stored_through)
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
         newest = result.checkpoint

@@ -24,7 +24,7 @@ def train_and_report(
     *,
     stop: StopRequest,
     prog: str,
-    store: Callable[[], None] | None = None,
+    store: Callable[[], float | None] | None = None,
 ) -> int:
     """Run the training code path; failures become one clear message and an exit code.
     `store`: called whenever the run wrote artefacts (a bucket's mirror uploads them)."""

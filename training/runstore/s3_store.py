@@ -382,6 +382,7 @@ class Mirror:
         self.uploads = 0
         self.bytes = 0
         self.last_error: str | None = None
+        self.stored_through: float | None = None  # Unix time; None: nothing yet
         self._thread = threading.Thread(target=self._run, name="uerl-run-mirror", daemon=True)
         self._thread.start()
 
@@ -447,6 +448,7 @@ class Mirror:
             self._wanted.clear()
             if self._abandoned.is_set():
                 return
+            started = time.time()
             try:
                 self._upload_changed()
             except Exception as exc:
@@ -459,6 +461,9 @@ class Mirror:
                 self._wanted.set()  # again, after the backoff
                 continue
             delay = RETRY_FIRST_S
+            # What the run had written when the round began is in the bucket now (a file
+            # that keeps growing may lag by up to GROWN_EVERY_S).
+            self.stored_through = started
             self._came_back()
             self._idle.set()
             if self._closing.is_set():

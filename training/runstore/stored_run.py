@@ -59,18 +59,22 @@ class StoredRun:
     fresh: bool = False
     _running_low: bool = field(default=False, init=False, repr=False)  # said already
 
-    def sync(self) -> None:
+    def sync(self) -> float | None:
         """After each iteration: checkpoints past retention deleted (here, and from a
         bucket by the mirror), the room left checked, and what changed stored (a bucket:
-        in the background; a volume: it is there)."""
+        in the background; a volume: it is there). Returns the time (Unix) up to which
+        the store holds what the run wrote: now on a volume; a bucket's last round's
+        start (None before its first)."""
         if self.keep_checkpoints is not None:
             stored = self.mirror.stored_checkpoints() if self.mirror is not None else set()
             removed = retention.prune(self.run_dir, self.keep_checkpoints, stored)
             if self.mirror is not None and removed:
                 self.mirror.remove(removed)
         self._check_room()
-        if self.mirror is not None:
-            self.mirror.sync()
+        if self.mirror is None:
+            return time.time()
+        self.mirror.sync()
+        return self.mirror.stored_through
 
     def _check_room(self) -> None:
         """Says when the volume the run is written to runs low (once, until it has room

@@ -106,6 +106,11 @@ CHECKPOINT_TIME = MetricSpec(
     "When the run's newest checkpoint was written (Unix time); age: time() - this.",
 )  # fmt: skip
 
+STORED_THROUGH = MetricSpec(
+    "uerl_run_stored_through_timestamp_seconds", "gauge", DRIVER_TAGS,
+    "Up to when the run store holds what the run wrote (Unix time); the store's lag: "
+    "time() - this. A claim holds it at once; a bucket, after the mirror's next round.",
+)  # fmt: skip
 LOSS_TAGS = (*DRIVER_TAGS, "policy", "loss")
 LEARNER_LOSS = MetricSpec(
     "uerl_learner_loss", "gauge", LOSS_TAGS,
@@ -127,7 +132,7 @@ RUNNER_METRICS = (ENV_STEPS, STEP_SECONDS, GAME_UP, GAME_DOWN_SINCE, GAME_FAULTS
 DRIVER_METRICS = (
     ITERATIONS, ITERATION, RUN_ENV_STEPS, RUN_STEPS_PER_S, LEARNER_STEPS_PER_S,
     EPISODE_RETURN, EPISODE_LENGTH, RUNNERS_HEALTHY, RUNNERS, CHECKPOINT_TIME,
-    LEARNER_LOSS, RESCALES, ATTEMPT,
+    LEARNER_LOSS, RESCALES, ATTEMPT, STORED_THROUGH,
 )  # fmt: skip
 ALL_METRICS = RUNNER_METRICS + DRIVER_METRICS
 
@@ -324,6 +329,10 @@ class DriverMetrics:
             ):
                 if not math.isnan(value):
                     self._set(spec, value)
+
+    def stored_through(self, at: float) -> None:
+        with self._lock:
+            self._set(STORED_THROUGH, at)
 
     def checkpoint_written(self, at: float | None = None) -> None:
         with self._lock:
