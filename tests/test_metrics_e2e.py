@@ -523,13 +523,16 @@ def test_the_latency_percentiles_are_ordered_and_under_the_request_timeout(
           f"p90 {p90[both[-1]] * 1e3:.2f} ms, p99 {p99[both[-1]] * 1e3:.2f} ms")  # fmt: skip
 
 
+CHECKPOINT_PANEL = "Newest checkpoint's age, and the store's lag"
+
+
 @pytest.mark.slow
 def test_the_checkpoint_age_panel_dates_a_checkpoint_the_run_wrote(
     metrics_run: MetricsRun,
 ) -> None:
     """time() - age is the publish time: within 5 s after a checkpoint directory was last
     written (the driver publishes right after the save)."""
-    age = one_series(metrics_run, panel_query("Newest checkpoint's age"))
+    age = one_series(metrics_run, panel_query(CHECKPOINT_PANEL))
     written = [
         d.stat().st_mtime
         for d in (metrics_run.run_dir / "checkpoints").glob("checkpoint_*")
@@ -539,3 +542,13 @@ def test_the_checkpoint_age_panel_dates_a_checkpoint_the_run_wrote(
     for stamp in stamps:
         assert any(-1 <= stamp - m <= 5 for m in written), (stamp, sorted(written))
     assert all(a >= 0 for a in age.values())
+
+
+@pytest.mark.slow
+def test_the_store_lag_panel_dates_a_moment_of_the_run(metrics_run: MetricsRun) -> None:
+    """A run kept in its directory is stored at once: time() - lag is when the driver
+    last published, an instant of the run (after its start, before its end)."""
+    lag = one_series(metrics_run, panel_query(CHECKPOINT_PANEL, "B"))
+    assert lag and all(value >= 0 for value in lag.values())
+    for t, value in lag.items():
+        assert metrics_run.started_at - 1 <= t - value <= metrics_run.ended_at + 1, (t, value)
