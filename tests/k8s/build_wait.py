@@ -35,6 +35,7 @@ MODULE_NEEDS: dict[str, tuple[str, ...] | None] = {
     "test_stack_changes.py": CONTROL_PLANE,
     "test_render_dry_run.py": CONTROL_PLANE,
     "test_pulumi_up.py": CONTROL_PLANE + PULUMI,
+    "test_package_consumers.py": CONTROL_PLANE + PULUMI + ("pulumi-yaml",),
     "test_run_storage.py": ("seaweedfs",),
     "test_images.py": WHOLE_BUILD,
     "test_node.py": WHOLE_BUILD,

@@ -90,6 +90,8 @@ PIECES: dict[str, tuple[str, ...]] = {
         "pulumi-resource-pulumi-python",  # serves dynamic resources (infra's KubeRayCRDs)
     ),
     "pulumi-kubernetes": ("pulumi-resource-kubernetes",),
+    # Pulumi YAML's language host (test_component_package.py's YAML program).
+    "pulumi-yaml": ("pulumi-language-yaml",),
     # The real node (node.py).
     "kubernetes-node": ("kubelet", "kube-proxy"),
     "containerd": ("containerd", "containerd-shim-runc-v2", "ctr"),

@@ -15,8 +15,8 @@
 #
 # Usage: tests/k8s/build/build.sh [--force] [PIECE...]
 #   PIECE: kubernetes kine kwok kuberay pulumi pulumi-language-python
-#          pulumi-kubernetes kubernetes-node containerd cni-plugins coredns
-#          kube-router seaweedfs (default: all)
+#          pulumi-kubernetes pulumi-yaml kubernetes-node containerd cni-plugins
+#          coredns kube-router seaweedfs (default: all)
 #   --force: rebuild the named pieces even if they are cached
 #   --print-cache: print the cache directory and exit
 set -euo pipefail
@@ -33,7 +33,7 @@ SHARED=${UERL_SHARED_DIR:-$(cd "$HERE/../../../.." && pwd)/shared}
 # In the order the tier's modules need them (tests/k8s/build_wait.py): CI starts the tier
 # beside the build, and a module starts once its pieces are built.
 ALL_PIECES=(kubernetes kine kwok kuberay pulumi pulumi-language-python pulumi-kubernetes
-  seaweedfs kubernetes-node containerd cni-plugins coredns kube-router)
+  pulumi-yaml seaweedfs kubernetes-node containerd cni-plugins coredns kube-router)
 
 version_of() {
   case $1 in
@@ -44,6 +44,7 @@ version_of() {
     pulumi) echo "$PULUMI_VERSION" ;;
     pulumi-language-python) echo "$PULUMI_VERSION" ;;
     pulumi-kubernetes) echo "$PULUMI_KUBERNETES_VERSION" ;;
+    pulumi-yaml) echo "$PULUMI_YAML_VERSION" ;;
     kubernetes-node) echo "$KUBERNETES_VERSION" ;;
     containerd) echo "$CONTAINERD_VERSION" ;;
     cni-plugins) echo "$CNI_PLUGINS_VERSION" ;;
@@ -244,6 +245,20 @@ build_pulumi-kubernetes() { # OUT
     -ldflags "-s -w -X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$v" \
     -o "$1/pulumi-resource-kubernetes" ./cmd/pulumi-resource-kubernetes) || return 1
   rm -rf "$src"
+}
+
+build_pulumi-yaml() { # OUT
+  # Pulumi YAML's language host, beside the CLI as in Pulumi's release archive, built in a
+  # wrapper module: its main.go is upstream's cmd/pulumi-language-yaml with the schemas
+  # asked of the CLI (v1.25.0 would start the Python language host itself, with flags
+  # v3.259.0's no longer takes). pulumi-yaml v1.25.0 compiles only against the Pulumi
+  # pkg/sdk v3.206.0 it asks for (v3.246.0's and v3.259.0's plugin APIs changed), so those
+  # are its own; every other shared module (gRPC, protobuf, OpenTelemetry, golang.org/x, ...)
+  # is at the CLI's version (pulumi/go.mod), so those packages come from its build cache.
+  require pulumi-yaml github.com/pulumi/pulumi-yaml "$PULUMI_YAML_VERSION"
+  wrapper_build pulumi-yaml "$1" \
+    "-s -w -X github.com/pulumi/pulumi-yaml/pkg/version.Version=${PULUMI_YAML_VERSION#v}" . &&
+    mv "$1/pulumi-yaml" "$1/pulumi-language-yaml"
 }
 
 # ---- the real node (tests/k8s/node.py) ----------------------------------------
