@@ -8,6 +8,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pulumi
+import pytest
 import yaml
 from pulumi.provider.experimental.component import ComponentProvider
 
@@ -79,5 +81,17 @@ def test_the_plugin_runs_the_host_in_the_projects_virtualenv() -> None:
     assert plugin["runtime"]["name"] == "python"
     venv = (PACKAGE / plugin["runtime"]["options"]["virtualenv"]).resolve()
     assert venv == (PACKAGE.parent.parent / ".venv").resolve()
-    host = (PACKAGE / "__main__.py").read_text()
-    assert "component_provider_host(" in host and "TrainingCluster" in host
+
+
+def test_a_topology_the_component_refuses_is_an_input_error_of_one_line() -> None:
+    # The host would wrap the RunError with its traceback (ComponentInitError).
+    import runpy
+
+    host = runpy.run_path(str(PACKAGE / "__main__.py"), run_name="uerl_package")
+    provider = host["UerlProvider"]([TrainingCluster], "uerl", None, "0.0.0")
+    bad = {"topology": {"workers": {"replicas": -1}}}
+    with pytest.raises(pulumi.InputPropertiesError) as refused:
+        provider.construct("rl", TYPE, bad, None)
+    message = refused.value.message
+    assert "topology.workers.replicas: Input should be greater than or equal to 0" in message
+    assert "Traceback" not in message and 'File "' not in message

@@ -3,9 +3,30 @@ when a program made with `pulumi package add <this directory>` creates a
 `uerl:index:TrainingCluster`. The schema, and each language's SDK, come from the
 component's typed arguments (infra/components/training_cluster.py)."""
 
-from pulumi.provider.experimental import component_provider_host
+import sys
+from typing import Any
+
+import pulumi
+from pulumi.provider import main
+from pulumi.provider.experimental.component import ComponentProvider
+from pulumi.provider.server import ComponentInitError
 
 from infra.components.training_cluster import TrainingCluster
 
+
+class UerlProvider(ComponentProvider):
+    """Pulumi's component provider, but a topology the component refuses is an input
+    error: the consumer's `pulumi preview` says the field's one line, as uerl's own
+    program does, not the host's traceback under it."""
+
+    def construct(self, name: str, resource_type: str, inputs: Any, options: Any = None) -> Any:
+        try:
+            return super().construct(name, resource_type, inputs, options)
+        except ComponentInitError as exc:
+            if isinstance(exc.inner, pulumi.RunError):
+                raise pulumi.InputPropertiesError(str(exc.inner)) from None
+            raise
+
+
 if __name__ == "__main__":
-    component_provider_host(name="uerl", components=[TrainingCluster])
+    main(UerlProvider([TrainingCluster], "uerl", None, "0.0.0"), sys.argv[1:])

@@ -260,12 +260,6 @@ def test_a_yaml_program_brings_a_training_cluster_up_rescales_it_and_destroys_it
     up_ready_rescale_destroy(project, cp, "uerl-yaml", rescale)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the component provider host (pulumi.provider.experimental) wraps any exception "
-    "of TrainingCluster.__init__, a RunError too, and appends its stack: the field's line "
-    "comes with 'File ...' lines; to be fixed in infra/package",
-)
 def test_a_bad_topology_value_in_the_yaml_program_fails_preview_in_one_line(
     yaml_consumer: PulumiProject, control_plane: ControlPlane, package: Path
 ) -> None:
