@@ -474,6 +474,8 @@ def test_the_health_panels_show_the_killed_games_fault_and_reconnect(
             per_runner[runner] = max([per_runner.get(runner, 0.0), *series.values()])
         want = {str(e["runner_index"]) for e in events if e["kind"] == kind}
         assert {r for r, n in per_runner.items() if n > 0} == want, (kind, per_runner, events)
+        # A game with none shows 0, not "no data".
+        assert set(per_runner) == {str(i) for i in range(1, WORKERS + 1)}, per_runner
         for runner in want:
             count = sum(1 for e in events if e["kind"] == kind and str(e["runner_index"]) == runner)
             # A window holds one of them or more, never more than there were.

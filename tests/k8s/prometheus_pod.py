@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -45,6 +44,7 @@ from typing import Any
 
 from controlplane import REPO, ControlPlane, ControlPlaneError
 from host_speed import guard
+from prometheus_server import prometheus_binary
 
 NAMESPACE = "monitoring"
 NAME = "prometheus"
@@ -55,7 +55,6 @@ CRD_FILE = (
     REPO / "third_party" / "prometheus-operator-crds-v0.85.0"
     / "monitoring.coreos.com_podmonitors.yaml"
 )  # fmt: skip
-FETCH_SCRIPT = REPO / "tests" / "tools" / "prometheus.sh"
 BIN_MOUNT = "/opt/prometheus/bin"
 SD_DIR = "/prometheus-sd"
 SD_EVERY_S = 3
@@ -133,13 +132,8 @@ def install_pod_monitor_crd(cp: ControlPlane) -> None:
 
 
 def binary() -> Path:
-    """The cached `prometheus` binary (fetched first when absent)."""
-    done = subprocess.run(
-        ["bash", str(FETCH_SCRIPT)], capture_output=True, text=True, timeout=guard(300)
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{FETCH_SCRIPT.name} failed:\n{done.stderr}{done.stdout}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    """The cached `prometheus` binary (fetched first when absent), as `make test-slow`'s."""
+    return prometheus_binary()
 
 
 def _label_name(name: str) -> str:
