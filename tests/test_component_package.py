@@ -12,6 +12,7 @@ import pulumi
 import pytest
 import yaml
 from pulumi.provider.experimental.component import ComponentProvider
+from pulumi.provider.server import ProviderServicer
 
 from infra.components import topology_args
 from infra.components.training_cluster import TYPE, TrainingCluster
@@ -95,3 +96,11 @@ def test_a_topology_the_component_refuses_is_an_input_error_of_one_line() -> Non
     message = refused.value.message
     assert "topology.workers.replicas: Input should be greater than or equal to 0" in message
     assert "Traceback" not in message and 'File "' not in message
+    (error,) = refused.value.errors or []
+    assert error["property_path"] == "topology.workers.replicas"
+    # The status Pulumi's provider server aborts with must carry them (else it fails
+    # with an AttributeError in the message's place).
+    status = ProviderServicer.create_grpc_invalid_properties_status(
+        None, message, refused.value.errors
+    )
+    assert status.details == message and status.trailing_metadata
