@@ -193,17 +193,11 @@ def _check_supervised(command: list[str]) -> str | None:
     """Why the command cannot be supervised (None: it can)."""
     if command[0] != "train":
         return "only `train` is supervised (an eval is rerun by hand)"
+    from training.commands.supervise import storage_flags_clash
     from training.commands.train import build_parser as train_parser
 
     args = train_parser().parse_args(command[1:])
-    if args.run_dir is not None or args.checkpoint_dir is not None:
-        return (
-            "a supervised run lives in the stack's run storage, where every attempt finds "
-            "it: give --run-name, not --run-dir or --checkpoint-dir"
-        )
-    if args.resume is not None:
-        return "the supervisor resumes the run itself (--resume auto): leave --resume out"
-    return None
+    return storage_flags_clash(args, "give --run-name, not --run-dir or --checkpoint-dir")
 
 
 def _run_name(command: list[str], cluster_name: str) -> tuple[str, list[str]]:

@@ -82,10 +82,16 @@ def _set_by_the_supervisor(train: argparse.Namespace) -> str | None:
     and the attempts would train a run the supervisor does not watch."""
     if train.run_name is not None:
         return f"--run-name {train.run_name}: the run is --run-name before `--`; leave it out here"
+    return storage_flags_clash(train, "leave out --run-dir and --checkpoint-dir")
+
+
+def storage_flags_clash(train: argparse.Namespace, instead: str) -> str | None:
+    """Why train flags that choose where a run lives, or which checkpoint it starts from,
+    cannot be a supervised run's (None: none is given); `instead`: what to do."""
     if train.run_dir is not None or train.checkpoint_dir is not None:
         return (
             "a supervised run lives in the stack's run storage, where every attempt finds "
-            "it: leave out --run-dir and --checkpoint-dir"
+            f"it: {instead}"
         )
     if train.resume is not None:
         return "the supervisor resumes the run itself (--resume auto): leave --resume out"
