@@ -68,6 +68,19 @@ class PrometheusError(AssertionError):
     pass
 
 
+def api_get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
+    """A Prometheus HTTP API call's `data`; a refused query (400) raises with its reason."""
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    try:
+        with urllib.request.urlopen(f"{url}{path}{query}", timeout=guard(30)) as reply:
+            body = json.loads(reply.read())
+    except urllib.error.HTTPError as err:  # a bad query: 400 with Prometheus' reason
+        body = json.loads(err.read() or b"{}")
+    if body.get("status") != "success":
+        raise PrometheusError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
+    return body["data"]
+
+
 @dataclass
 class Prometheus:
     url: str
@@ -75,15 +88,7 @@ class Prometheus:
     log: Path
 
     def _get(self, path: str, params: dict[str, Any]) -> Any:
-        query = urllib.parse.urlencode(params)
-        try:
-            with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=guard(30)) as reply:
-                body = json.loads(reply.read())
-        except urllib.error.HTTPError as err:  # a bad query: 400 with Prometheus' reason
-            body = json.loads(err.read() or b"{}")
-        if body.get("status") != "success":
-            raise PrometheusError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]
+        return api_get(self.url, path, params)
 
     def query(self, expr: str, at: float) -> list[dict[str, Any]]:
         """`expr` evaluated at Unix time `at`: [{"metric": labels, "value": [t, "v"]}]."""

@@ -35,16 +35,13 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from controlplane import REPO, ControlPlane, ControlPlaneError
 from host_speed import guard
-from prometheus_server import prometheus_binary
+from prometheus_server import api_get, prometheus_binary
 
 NAMESPACE = "monitoring"
 NAME = "prometheus"
@@ -296,10 +293,6 @@ def manifests(
     return objects
 
 
-class PrometheusError(AssertionError):
-    pass
-
-
 @dataclass
 class InClusterPrometheus:
     cp: ControlPlane
@@ -309,15 +302,7 @@ class InClusterPrometheus:
     ready_at: float  # time.time() when it answered
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        try:
-            with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=guard(30)) as reply:
-                body = json.loads(reply.read())
-        except urllib.error.HTTPError as err:  # a bad query: 400 with Prometheus' reason
-            body = json.loads(err.read() or b"{}")
-        if body.get("status") != "success":
-            raise PrometheusError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]
+        return api_get(self.url, path, params)
 
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         """[{"metric": labels, "value": [t, "v"]}] at `at` (now: None)."""
