@@ -138,6 +138,11 @@ def _label_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
+class UnmodelledPodMonitor(ValueError):
+    """A PodMonitor field the Operator's translation here does not model: scraping without
+    it would judge other targets than a real Operator would, so the tier stops instead."""
+
+
 def job_name(pod_monitor: dict[str, Any], index: int = 0) -> str:
     meta = pod_monitor["metadata"]
     return f"podMonitor/{meta['namespace']}/{meta['name']}/{index}"
@@ -149,10 +154,10 @@ def scrape_configs(pod_monitor: dict[str, Any]) -> list[dict[str, Any]]:
     meta, spec = pod_monitor["metadata"], pod_monitor["spec"]
     selector = spec["selector"]
     if set(selector) - {"matchLabels"}:
-        raise NotImplementedError(f"selector {selector}: only matchLabels here")
+        raise UnmodelledPodMonitor(f"selector {selector}: only matchLabels here")
     namespaces = spec.get("namespaceSelector", {})
     if set(namespaces) - {"matchNames"}:
-        raise NotImplementedError(f"namespaceSelector {namespaces}: only matchNames here")
+        raise UnmodelledPodMonitor(f"namespaceSelector {namespaces}: only matchNames here")
     names = namespaces.get("matchNames") or [meta["namespace"]]
     keep_labels = [
         {
@@ -169,7 +174,7 @@ def scrape_configs(pod_monitor: dict[str, Any]) -> list[dict[str, Any]]:
     for index, endpoint in enumerate(spec["podMetricsEndpoints"]):
         extra = set(endpoint) - {"port", "path", "interval", "scheme"}
         if extra:
-            raise NotImplementedError(f"podMetricsEndpoints[{index}]: {sorted(extra)}")
+            raise UnmodelledPodMonitor(f"podMetricsEndpoints[{index}]: {sorted(extra)}")
         config: dict[str, Any] = {
             "job_name": job_name(pod_monitor, index),
             "honor_labels": False,
@@ -207,7 +212,7 @@ def without_kubernetes_sd(config: dict[str, Any]) -> tuple[dict[str, Any], list[
         job = dict(job)
         for sd in job.pop("kubernetes_sd_configs"):
             if sd["role"] != "pod":
-                raise NotImplementedError(f"kubernetes_sd role {sd['role']}")
+                raise UnmodelledPodMonitor(f"kubernetes_sd role {sd['role']}")
             namespaces.update(sd["namespaces"]["names"])
         job["file_sd_configs"] = [{"files": [sd_file], "refresh_interval": f"{SD_EVERY_S}s"}]
         jobs.append(job)
