@@ -105,7 +105,6 @@ class TrainingCluster(pulumi.ComponentResource):
         topology = args.get("topology")
         if not isinstance(topology, Topology):
             topology = parse_topology(topology)
-        self.topology = topology
         try:
             objects = manifests.build(topology, project_root)
         except TopologyError as exc:
