@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import subprocess
 import sys
@@ -54,6 +55,34 @@ def evaluate(trained: LocalRun, opponent: str, deadline: Deadline) -> dict:
     return json.loads(report.read_text())
 
 
+def chance_of_at_least(wins: int, decided: int) -> float:
+    """How likely `wins` or more of `decided` bouts are for a player no better than its
+    opponent (a fair coin each bout): the one-sided sign test."""
+    return sum(math.comb(decided, k) for k in range(wins, decided + 1)) / 2**decided
+
+
+def assert_beats(results: dict[str, float], most_losses: int) -> None:
+    # A Sumo bout that runs out of time is a draw, and how many end so swings from run to
+    # run (snapshot 0: 0 to 68 of 100 across the bench's six runs and CI's), so a bar on the
+    # net score failed a CI run that won 32, drew 68 and lost none. What "beats" claims is
+    # that the learner wins the decided bouts far more often than a peer would: the sign
+    # test, at odds of one in a thousand (10 wins and no loss already pass), with the losses
+    # bounded besides.
+    wins, losses = int(results["wins"]), int(results["losses"])
+    assert wins + losses > 0, f"every bout drawn: {results}"
+    assert chance_of_at_least(wins, wins + losses) < 1e-3, results
+    assert losses <= most_losses, results
+
+
+def test_the_sign_test_tells_a_learner_ahead_from_a_peer() -> None:
+    # The bar's own arithmetic: CI's 32-0 passes, 10-0 just does, 30-15 (a peer's luck
+    # is rarely that good, but a learner's edge can be that small) does not.
+    assert chance_of_at_least(32, 32) == 2.0**-32
+    assert chance_of_at_least(10, 10) < 1e-3 < chance_of_at_least(9, 9)
+    assert chance_of_at_least(30, 45) > 1e-3
+    assert chance_of_at_least(0, 4) == 1.0
+
+
 def elo_by_iteration(trained: LocalRun) -> list[float]:
     with (trained.run_dir / "metrics.csv").open() as fh:
         return [float(row["elo"]) for row in csv.DictReader(fh)]
@@ -89,15 +118,9 @@ def test_the_league_is_kept_with_the_checkpoint(trained: LocalRun) -> None:
 def test_the_learner_beats_a_random_player(trained: LocalRun, deadline: Deadline) -> None:
     report = evaluate(trained, "random", deadline)
     assert report["opponent"] == "random"
-    results = report["learner_results"]
-    # Random against random scores 0 net by symmetry. A Sumo bout that runs out of time is
-    # a draw, and how many end so varies run to run, so the measure is the net score and
-    # the losses. Six runs of this configuration (`make bench-self-play`, seeds 1-5 and 1
-    # again): net 77 to 94, median 91, never a loss. Beside the Kubernetes tier it is lower:
-    # 77 in one CI run, 58 (42 draws, no loss) in one beside the tier's longer real-pod
-    # module. The bar sits under the lowest seen, as the snapshot's does.
-    assert results["wins"] - results["losses"] >= 45, results
-    assert results["losses"] <= 5, results
+    # Six runs of this configuration (`make bench-self-play`, seeds 1-5 and 1 again): net
+    # 77 to 94, never a loss; beside the Kubernetes tier as low as 49 (50 won, 1 lost).
+    assert_beats(report["learner_results"], most_losses=5)
 
 
 def test_the_learner_beats_its_own_first_snapshot(trained: LocalRun, deadline: Deadline) -> None:
@@ -105,12 +128,9 @@ def test_the_learner_beats_its_own_first_snapshot(trained: LocalRun, deadline: D
     # actions as it did in the league.
     report = evaluate(trained, "snapshot:0", deadline)
     assert report["opponent"] == "snapshot 0 (sampled actions)"
-    results = report["learner_results"]
-    # Net score, as against random. The six runs above: net 83 to 99, median 92, never a
-    # loss; one CI run beside the Kubernetes tier won 55 and drew 45 (net 55), the lowest
-    # seen. The bar sits under it by about the spread of the runs.
-    assert results["wins"] - results["losses"] >= 40, results
-    assert results["losses"] <= 10, results
+    # The six runs above: net 83 to 99, never a loss; beside the Kubernetes tier as low as
+    # 32 (32 won, 68 drawn, none lost).
+    assert_beats(report["learner_results"], most_losses=10)
 
 
 def test_export_writes_the_learner_and_a_snapshot_on_request(
