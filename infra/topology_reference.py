@@ -24,6 +24,11 @@ from infra import topology
 CONSTRAINTS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<", "max_length": "length <="}
 
 
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
 @dataclass(frozen=True)
 class Row:
     path: str
@@ -31,6 +36,16 @@ class Row:
     default: str
     constraint: str
     comment: str
+
+    @property
+    def component_path(self) -> str:
+        """The path as a program spells it for the component `uerl:index:TrainingCluster`
+        in YAML, TypeScript and the schema (camelCase: `workers.nodeSelector`); Python's
+        SDK and `uerl:topology` spell it as `path` does."""
+        return ".".join(
+            _camel(part.removesuffix("[]")) + ("[]" if part.endswith("[]") else "")
+            for part in self.path.split(".")
+        )
 
 
 def _field_sources(model: type[BaseModel]) -> dict[str, tuple[str, str]]:
@@ -173,8 +188,10 @@ def markdown_table() -> str:
         "|---|---|---|---|---|",
     ]
     for row in rows():
+        # The component's spelling under the config's, where they differ.
+        spelled = f"<br>`{row.component_path}`" if row.component_path != row.path else ""
         lines.append(
-            f"| `{row.path}` | {_code(row.type)} | {_code(row.default)} | "
+            f"| `{row.path}`{spelled} | {_code(row.type)} | {_code(row.default)} | "
             f"{_cell(row.constraint)} | {_cell(row.comment)} |"
         )
     return "\n".join(lines)

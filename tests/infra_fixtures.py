@@ -201,9 +201,14 @@ def raycluster_errors(obj: dict[str, Any]) -> list[str]:
 
 
 def run_program(
-    *sets: str, topology: Any = None, config: dict[str, str] | None = None
+    *sets: str,
+    topology: Any = None,
+    config: dict[str, str] | None = None,
+    program: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run infra/__main__.py under mocks in a fresh process, as `pulumi up` runs it.
+    """Run infra/__main__.py (or `program`) under mocks in a fresh process, as `pulumi up`
+    runs it, with `env` added to the environment.
 
     Config: Pulumi.dev.yaml's `uerl:topology` after the `pulumi config set
     --path` edits in `sets` (or `topology` verbatim), and `config`'s other keys
@@ -212,11 +217,10 @@ def run_program(
     """
     value = apply_sets(dev_stack_topology(), sets) if topology is None else topology
     values = {"uerl:topology": json.dumps(value), **(config or {})}
-    env = {**os.environ, "PULUMI_CONFIG": json.dumps(values)}
     proc = subprocess.run(
-        [sys.executable, str(HARNESS)],
+        [sys.executable, str(HARNESS), *([str(program)] if program else [])],
         cwd=PROJECT_ROOT,
-        env=env,
+        env={**os.environ, **(env or {}), "PULUMI_CONFIG": json.dumps(values)},
         capture_output=True,
         text=True,
         timeout=120,

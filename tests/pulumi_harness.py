@@ -3,7 +3,10 @@
 Invoked as a subprocess (one program run per process: Pulumi's runtime state
 is global) by tests/infra_fixtures.py:
 
-    python tests/pulumi_harness.py  # config in env PULUMI_CONFIG, cwd = project root
+    python tests/pulumi_harness.py [program]  # config in env PULUMI_CONFIG, cwd = project root
+
+`program` (default infra/, uerl's own) may be another program that makes the component,
+as a team's would (tests/consumer_program.py).
 
 Report: {"resources": [{type, name, custom, parent, dependencies, inputs, providers,
                         customTimeouts, retainOnDelete, aliases}],
@@ -89,8 +92,9 @@ def main() -> int:
         monitor.mocks, project="uerl", stack="dev", preview=False, monitor=monitor
     )
     error = None
+    program = sys.argv[1] if len(sys.argv) > 1 else "infra/"
     try:
-        _sync_await(run_pulumi_func(lambda: runpy.run_path("infra/", run_name="__main__")))
+        _sync_await(run_pulumi_func(lambda: runpy.run_path(program, run_name="__main__")))
     except pulumi.RunError as exc:
         error = {"type": "RunError", "message": str(exc)}
     except Exception as exc:  # report anything else too; the test shows it

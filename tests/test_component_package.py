@@ -27,11 +27,6 @@ def schema() -> dict[str, Any]:
     return json.loads(ComponentProvider([TrainingCluster], "uerl").schema)
 
 
-def camel(name: str) -> str:
-    first, *rest = name.split("_")
-    return first + "".join(part.title() for part in rest)
-
-
 def test_the_generated_input_types_are_those_of_the_topology_as_it_is() -> None:
     # After a topology change: python -m infra.package.generate
     assert Path(topology_args.__file__).read_text() == generate.source()
@@ -48,12 +43,13 @@ def test_its_input_is_the_topology_and_its_outputs_what_a_user_reads() -> None:
 
 
 def _property(path: str) -> dict[str, Any]:
-    """A topology field's schema property by its config path (`runs.s3.bucket`)."""
+    """A topology field's schema property by the component's spelling of its path
+    (`runs.claim.keepOnDestroy`), as the topology reference gives it."""
     types = schema()["types"]
     node: dict[str, Any] = types["uerl:index:Topology"]
     parts = path.replace("[]", "").split(".")
     for index, part in enumerate(parts):
-        prop = node["properties"][camel(part)]
+        prop = node["properties"][part]
         if index == len(parts) - 1:
             return prop
         ref = prop.get("$ref") or prop.get("items", {}).get("$ref")
@@ -61,11 +57,11 @@ def _property(path: str) -> dict[str, Any]:
     raise AssertionError(path)
 
 
-def test_every_topology_field_is_an_input_property_with_its_meaning() -> None:
+def test_every_topology_field_is_an_input_property_spelled_as_the_reference_says() -> None:
     fields = rows()
     assert len(fields) > 150
     for row in fields:
-        prop = _property(row.path)
+        prop = _property(row.component_path)
         if row.comment:
             assert prop.get("description"), row.path
 
@@ -73,8 +69,8 @@ def test_every_topology_field_is_an_input_property_with_its_meaning() -> None:
 def test_number_and_switch_fields_keep_their_kinds() -> None:
     assert _property("workers.replicas")["type"] == "integer"
     assert _property("learners.cpus")["type"] == "number"
-    assert _property("runs.claim.keep_on_destroy")["type"] == "boolean"
-    assert _property("workers.node_selector")["additionalProperties"]["type"] == "string"
+    assert _property("runs.claim.keepOnDestroy")["type"] == "boolean"
+    assert _property("workers.nodeSelector")["additionalProperties"]["type"] == "string"
 
 
 def test_the_plugin_runs_the_host_in_the_projects_virtualenv() -> None:
@@ -104,3 +100,19 @@ def test_a_topology_the_component_refuses_is_an_input_error_of_one_line() -> Non
         None, message, refused.value.errors
     )
     assert status.details == message and status.trailing_metadata
+
+
+def test_the_kubeconfig_and_context_uerl_reaches_the_cluster_by_are_optional_inputs() -> None:
+    resource = schema()["resources"][TYPE]
+    for name in ("kubeconfig", "context"):
+        assert resource["inputProperties"][name]["type"] == "string"
+        assert resource["inputProperties"][name]["description"]
+    assert "kubeconfig" not in resource.get("requiredInputs", [])
+
+
+def test_a_refused_kubeconfig_is_an_input_error_at_that_input() -> None:
+    import runpy
+
+    host = runpy.run_path(str(PACKAGE / "__main__.py"), run_name="uerl_package")
+    (error,) = host["input_errors"]("kubeconfig: no such file /nowhere/kubeconfig")
+    assert error == {"property_path": "kubeconfig", "reason": "no such file /nowhere/kubeconfig"}

@@ -73,8 +73,18 @@ def test_the_topology_reference_has_a_row_with_a_meaning_for_every_field() -> No
     table = markdown_table()
     paths = [row.path for row in rows()]
     assert {"workers.replicas", "simulator.tls.mutual", "learners.tolerations[].key"} <= set(paths)
-    assert all(f"| `{path}` |" in table for path in paths)
+    assert all(f"| `{path}`" in table for path in paths)
     assert [row.path for row in rows() if not row.comment] == []
+
+
+def test_the_reference_gives_each_field_as_the_component_spells_it_where_that_differs() -> None:
+    # `uerl:topology` and Python say node_selector; YAML and TypeScript, nodeSelector.
+    table = markdown_table()
+    assert "| `workers.node_selector`<br>`workers.nodeSelector` |" in table
+    assert "| `workers.replicas` |" in table  # one word: spelled alike
+    by_path = {row.path: row for row in rows()}
+    assert by_path["learners.tolerations[].key"].component_path == "learners.tolerations[].key"
+    assert by_path["runs.claim.keep_on_destroy"].component_path == "runs.claim.keepOnDestroy"
 
 
 def test_the_reference_shows_the_codes_defaults_and_constraints() -> None:

@@ -23,6 +23,7 @@ import pulumi
 import pulumi.dynamic
 import yaml
 
+from infra.components.k8s import ClusterAccess, kubeconfig_is_text
 from infra.manifests.operator import leftover_crd_message
 from infra.manifests.operator_crds import CrdBundle
 
@@ -61,11 +62,11 @@ def _api(props: dict[str, Any]) -> Any:
     kubeconfig, context = props.get("kubeconfig"), props.get("context")
     try:
         if kubeconfig:
-            path = Path(kubeconfig).expanduser()
-            if "\n" not in kubeconfig and path.is_file():
-                api = config.new_client_from_config(str(path), context=context)
-            else:
+            if kubeconfig_is_text(kubeconfig):
                 api = config.new_client_from_config_dict(yaml.safe_load(kubeconfig), context)
+            else:
+                path = Path(kubeconfig).expanduser()
+                api = config.new_client_from_config(str(path), context=context)
         else:
             try:
                 api = config.new_client_from_config(context=context)
@@ -290,9 +291,10 @@ class KubeRayCRDs(pulumi.dynamic.Resource, module="uerl", name="KubeRayCRDs"):
         bundle: CrdBundle,
         mode: str,
         stack: tuple[str, str],
+        access: ClusterAccess,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        config = pulumi.Config("kubernetes")
+        kubeconfig = access.kubeconfig
         props: dict[str, Any] = {
             "version": bundle.version,
             "digest": bundle.digest,
@@ -301,8 +303,8 @@ class KubeRayCRDs(pulumi.dynamic.Resource, module="uerl", name="KubeRayCRDs"):
             # (namespace, topology name): whose RayClusters a destroy may take with it.
             "stack_namespace": stack[0],
             "stack_name": stack[1],
-            "context": config.get("context"),
-            "kubeconfig": config.get_secret("kubeconfig"),
+            "context": access.context,
+            "kubeconfig": None if kubeconfig is None else pulumi.Output.secret(kubeconfig),
             "names": None,
         }
         opts = pulumi.ResourceOptions.merge(

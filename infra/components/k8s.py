@@ -8,6 +8,7 @@ are passed through unchanged (camelCase), exactly as rendered.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -25,9 +26,6 @@ _TYPED: dict[tuple[str, str], Callable[..., pulumi.CustomResource]] = {
     ("batch/v1", "Job"): k8s.batch.v1.Job,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,
 }
-# Stack config of the default Kubernetes provider that an explicit provider
-# must be given too (it does not read `kubernetes:*` config itself).
-_PROVIDER_CONFIG = ("kubeconfig", "context", "cluster")
 # Top-level fields besides apiVersion/kind/metadata that the builders emit;
 # their names are also the typed classes' keyword arguments.
 _BODY_FIELDS = ("spec", "data")
@@ -57,21 +55,52 @@ def register(obj: K8sObject, opts: pulumi.ResourceOptions) -> pulumi.CustomResou
     )
 
 
+def kubeconfig_is_text(value: str) -> bool:
+    """A kubeconfig value is the file's text (YAML over lines, or the one-line JSON a
+    cluster resource outputs, e.g. EKS's) rather than the file's path."""
+    return "\n" in value or value.lstrip().startswith("{")
+
+
+@dataclass(frozen=True)
+class ClusterAccess:
+    """How uerl reaches the stack's cluster itself, beside the Kubernetes provider that
+    creates the objects: for the CRDs (a dynamic resource), the providers that take back
+    kept objects, and preview's check that a PodMonitor can be made. A kubeconfig is a
+    path or the file's text, and may be another resource's (secret) output."""
+
+    kubeconfig: pulumi.Input[str] | None = None
+    context: pulumi.Input[str] | None = None
+    cluster: pulumi.Input[str] | None = None
+
+    @classmethod
+    def from_config(cls) -> ClusterAccess:
+        """The default provider's: `kubernetes:` config (else, where that is empty, the
+        provider's own fallback, $KUBECONFIG or ~/.kube/config)."""
+        config = pulumi.Config("kubernetes")
+        # Plain, as the providers made from it always had it: a secret now would be a
+        # change to every one of them in the stacks made before.
+        return cls(config.get("kubeconfig"), config.get("context"), config.get("cluster"))
+
+    def settings(self) -> dict[str, pulumi.Input[str]]:
+        """k8s.Provider's keyword arguments for this cluster."""
+        given = {"kubeconfig": self.kubeconfig, "context": self.context, "cluster": self.cluster}
+        return {key: value for key, value in given.items() if value is not None}
+
+
 def stack_provider(
     name: str,
     parent: pulumi.Resource | None,
+    access: ClusterAccess,
     aliases: list[pulumi.Alias] | None = None,
     **options: bool,
 ) -> k8s.Provider:
-    """An explicit provider for the stack's cluster (the default provider's config),
-    with `options` (k8s.Provider's keyword arguments) on top. Moving a resource from the
-    default provider to one of these replaces nothing: the engine asks the new provider's
+    """An explicit provider for the stack's cluster (`access`), with `options`
+    (k8s.Provider's keyword arguments) on top. Moving a resource from the default
+    provider to one of these replaces nothing: the engine asks the new provider's
     DiffConfig, which replaces only for another cluster."""
-    config = pulumi.Config("kubernetes")
-    settings = {key: config.get(key) for key in _PROVIDER_CONFIG}
     return k8s.Provider(
         name,
         **options,
-        **{key: value for key, value in settings.items() if value is not None},
+        **access.settings(),
         opts=pulumi.ResourceOptions(parent=parent, aliases=aliases),
     )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pulumi
 
 from infra.components.crds_component import served_crd
-from infra.components.k8s import register
+from infra.components.k8s import ClusterAccess, register
 from infra.manifests import pod_monitor
 from infra.manifests.common import K8sObject
 
@@ -19,11 +19,14 @@ MISSING_CRD = (
 )
 
 
-def require_pod_monitor_crd() -> None:
+def require_pod_monitor_crd(access: ClusterAccess) -> None:
     """Stops `pulumi preview` with one line when the cluster cannot hold a PodMonitor
-    (the provider's own error would come at `up`, deep in a diff)."""
-    config = pulumi.Config("kubernetes")
-    served = served_crd(config.get("kubeconfig"), config.get("context"), pod_monitor.CRD_NAME)
+    (the provider's own error would come at `up`, deep in a diff). A kubeconfig that is
+    another resource's output is not known at preview: the provider then says so."""
+    kubeconfig, context = access.kubeconfig, access.context
+    if not isinstance(kubeconfig, str | None) or not isinstance(context, str | None):
+        return
+    served = served_crd(kubeconfig, context, pod_monitor.CRD_NAME)
     if served is False:
         raise pulumi.RunError(MISSING_CRD)
 

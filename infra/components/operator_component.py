@@ -8,16 +8,18 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.components.crds_component import KubeRayCRDs
-from infra.components.k8s import stack_provider
+from infra.components.k8s import ClusterAccess, stack_provider
 from infra.manifests.operator import ChartRelease
 from infra.manifests.operator_crds import crd_bundle
 
 
-def adopting_provider(name: str, parent: pulumi.Resource) -> k8s.Provider:
+def adopting_provider(name: str, parent: pulumi.Resource, access: ClusterAccess) -> k8s.Provider:
     """A provider that takes over objects that already exist instead of failing
     with AlreadyExists (upsert), forcing field-manager conflicts with whoever
     applied them before (Helm, kubectl)."""
-    return stack_provider(name, parent, upsert_existing_objects=True, enable_patch_force=True)
+    return stack_provider(
+        name, parent, access, upsert_existing_objects=True, enable_patch_force=True
+    )
 
 
 class KubeRayOperator(pulumi.ComponentResource):
@@ -38,6 +40,7 @@ class KubeRayOperator(pulumi.ComponentResource):
         name: str,
         release: ChartRelease,
         stack: tuple[str, str],
+        access: ClusterAccess,
         depends_on: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -53,13 +56,14 @@ class KubeRayOperator(pulumi.ComponentResource):
                 crd_bundle(release),
                 release.crds,
                 stack,
+                access,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),
             )
             chart_deps.append(self.crds)
         chart_opts = pulumi.ResourceOptions(parent=self, depends_on=chart_deps)
         if release.crds == "adopt":
             # `providers`: a component (the chart) hands it to the objects it creates.
-            chart_opts.providers = [adopting_provider(f"{name}-adopt", self)]
+            chart_opts.providers = [adopting_provider(f"{name}-adopt", self, access)]
         self.chart = k8s.helm.v4.Chart(
             release.release_name,
             chart=release.chart,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pulumi
 
-from infra.components.k8s import register, stack_provider
+from infra.components.k8s import ClusterAccess, register, stack_provider
 from infra.manifests.common import K8sObject
 
 
@@ -18,6 +18,7 @@ class RunStorage(pulumi.ComponentResource):
         name: str,
         pvc: K8sObject,
         keep: bool,
+        access: ClusterAccess,
         depends_on: Sequence[pulumi.Resource] = (),
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -31,6 +32,8 @@ class RunStorage(pulumi.ComponentResource):
             # default one fails with AlreadyExists; without patch force, a claim that
             # differs stops the update instead of being overwritten.
             claim_opts.retain_on_delete = True
-            claim_opts.provider = stack_provider(f"{name}-keep", self, upsert_existing_objects=True)
+            claim_opts.provider = stack_provider(
+                f"{name}-keep", self, access, upsert_existing_objects=True
+            )
         self.pvc = register(pvc, claim_opts)
         self.register_outputs({"claim_name": pvc["metadata"]["name"]})

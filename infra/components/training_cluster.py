@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 import pulumi
+import yaml
 
 from infra import manifests
 from infra.components import topology_args
 from infra.components.instances import UeGames
-from infra.components.k8s import register, stack_provider
+from infra.components.k8s import ClusterAccess, kubeconfig_is_text, register, stack_provider
 from infra.components.metrics_component import StackMetrics, require_pod_monitor_crd
 from infra.components.network_policies import StackNetworkPolicies
 from infra.components.operator_component import KubeRayOperator
@@ -69,6 +70,45 @@ def parse_topology(raw: Mapping[str, Any] | None, root: str = "topology") -> Top
         raise pulumi.RunError(str(exc)) from None
 
 
+def needs_cluster_access(topology: Topology) -> list[str]:
+    """The topology's settings under which uerl reaches the cluster itself, beside the
+    Kubernetes provider, each with what it does so."""
+    needing = []
+    operator = topology.operator
+    if operator.install and operator.crds != "skip":
+        needing.append(f"topology.operator.crds ({operator.crds}: uerl applies the CRDs)")
+    if topology.runs.store == "claim" and topology.runs.claim.keep_on_destroy:
+        needing.append(
+            "topology.runs.claim.keep_on_destroy (a provider of uerl's takes the kept claim back)"
+        )
+    return needing
+
+
+def check_kubeconfig(value: str) -> None:
+    """A plain kubeconfig input is a file's text (a YAML map) or the path of a file;
+    otherwise the refusal names the input, not a client library's error at `up`."""
+    if kubeconfig_is_text(value):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise pulumi.RunError(f"kubeconfig: not YAML{where}") from None
+        if not isinstance(parsed, dict):
+            raise pulumi.RunError(
+                "kubeconfig: not a kubeconfig (a YAML map of clusters, users and contexts)"
+            )
+        return
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise pulumi.RunError(
+            f"kubeconfig: {value!r} is a relative path; give an absolute one (uerl's "
+            "package runs in a directory of its own) or the file's text"
+        )
+    if not path.is_file():
+        raise pulumi.RunError(f"kubeconfig: no such file {value}")
+
+
 class TrainingClusterArgs(TypedDict):
     """What a TrainingCluster is made of."""
 
@@ -76,6 +116,15 @@ class TrainingClusterArgs(TypedDict):
     """The topology: the fields, names and defaults of `uerl:topology` (docs/topology.md).
     Missing fields take their defaults; values are checked as `pulumi preview` checks
     `uerl:topology`, each error one line naming the field."""
+    kubeconfig: NotRequired[pulumi.Input[str]]
+    """The cluster's kubeconfig (the file's text, or an absolute path), as given to the
+    Kubernetes provider passed in `providers`. uerl reaches the cluster itself for the
+    KubeRay CRDs (`topology.operator.crds`) and to take back what a destroy kept
+    (`topology.runs.claim.keep_on_destroy`); with a provider of its own and neither this
+    nor `context`, a topology that needs them is refused. Without a provider, `kubernetes:`
+    config as the default provider reads it."""
+    context: NotRequired[pulumi.Input[str]]
+    """The kubeconfig context, as given to that provider."""
 
 
 class TrainingCluster(pulumi.ComponentResource):
@@ -109,8 +158,9 @@ class TrainingCluster(pulumi.ComponentResource):
             objects = manifests.build(topology, project_root)
         except TopologyError as exc:
             raise pulumi.RunError(str(exc)) from None
-        if objects.pod_monitor is not None:
-            require_pod_monitor_crd()
+        self._access = self._cluster_access(args, topology)
+        if objects.pod_monitor is not None and self._access is not None:
+            require_pod_monitor_crd(self._access)
         self._make(topology, objects)
         endpoints = topology.endpoints().model_dump(mode="json")
         self.endpoints = pulumi.Output.from_input(endpoints)
@@ -126,6 +176,37 @@ class TrainingCluster(pulumi.ComponentResource):
             }
         )
 
+    def _cluster_access(
+        self, args: TrainingClusterArgs, topology: Topology
+    ) -> ClusterAccess | None:
+        """How uerl reaches the cluster itself: the `kubeconfig`/`context` inputs, else
+        (no Kubernetes provider given) the default provider's config; None when a provider
+        was given without them, refused if the topology needs it."""
+        kubeconfig, context = args.get("kubeconfig") or None, args.get("context") or None
+        if isinstance(kubeconfig, str):
+            check_kubeconfig(kubeconfig)
+        if kubeconfig is not None or context is not None:
+            return ClusterAccess(kubeconfig, context)
+        if "kubernetes" not in self._providers:
+            return ClusterAccess.from_config()
+        needing = needs_cluster_access(topology)
+        if needing:
+            raise pulumi.RunError(
+                "kubeconfig: this TrainingCluster has a Kubernetes provider of its own, and "
+                f"{' and '.join(needing)} make uerl reach the cluster itself; give the "
+                "component that provider's kubeconfig too (`kubeconfig`, and `context` if "
+                "the provider sets one), or it would act on whatever cluster $KUBECONFIG "
+                "names"
+            )
+        return None
+
+    def _required_access(self) -> ClusterAccess:
+        # The operator's CRDs and the kept claim's providers use it; _cluster_access has
+        # refused a topology with them when there is none.
+        if self._access is None:
+            raise pulumi.RunError("kubeconfig: uerl has no way to reach the cluster itself")
+        return self._access
+
     def _child(self, **options: Any) -> pulumi.ResourceOptions:
         return pulumi.ResourceOptions(parent=self, aliases=WAS_TOP_LEVEL, **options)
 
@@ -137,7 +218,10 @@ class TrainingCluster(pulumi.ComponentResource):
         it does the claim."""
         if topology.runs.store != "claim" or not topology.runs.claim.keep_on_destroy:
             return self._child()
-        keep = stack_provider("namespace-keep", self, WAS_TOP_LEVEL, upsert_existing_objects=True)
+        keep = stack_provider(
+            "namespace-keep", self, self._required_access(), WAS_TOP_LEVEL,
+            upsert_existing_objects=True,
+        )  # fmt: skip
         return self._child(retain_on_delete=True, provider=keep)
 
     def _make(self, topology: Topology, objects: manifests.Manifests) -> None:
@@ -158,6 +242,8 @@ class TrainingCluster(pulumi.ComponentResource):
                 "kuberay",
                 objects.operator,
                 (topology.namespace, topology.name),
+                # Unused when the CRDs are skipped.
+                self._required_access() if objects.operator.crds != "skip" else ClusterAccess(),
                 depends_on=base if in_our_ns else [],
                 opts=self._child(),
             )
@@ -189,7 +275,11 @@ class TrainingCluster(pulumi.ComponentResource):
         # The head mounts the runs claim.
         if objects.runs_pvc is not None:
             keep = topology.runs.claim.keep_on_destroy
-            runs = RunStorage("runs", objects.runs_pvc, keep, depends_on=base, opts=self._child())
+            runs = RunStorage(
+                "runs", objects.runs_pvc, keep,
+                self._required_access() if keep else ClusterAccess(),
+                depends_on=base, opts=self._child(),
+            )  # fmt: skip
             cluster_deps.append(runs.pvc)
         UerlRayCluster(
             topology.name,

@@ -15,8 +15,9 @@ from pulumi.provider.server import ComponentInitError
 
 from infra.components.training_cluster import TrainingCluster
 
-# A refusal's lines: `  topology.workers.replicas: Input should be ...`.
-FIELD_LINE = re.compile(r"^\s*(topology\S*): (.+)$")
+# A refusal's lines: `  topology.workers.replicas: Input should be ...`, or one naming
+# another input (`kubeconfig: ...`).
+FIELD_LINE = re.compile(r"^\s*((?:topology|kubeconfig|context)\b\S*): (.+)$")
 
 
 def input_errors(message: str) -> list[InputPropertyErrorDetails]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,20 @@ def deploy_and_wait(cp: ControlPlane, *render_args: str) -> list[dict[str, Any]]
                 f"{obj['kind'].lower()}/{obj['metadata']['name']}",
             )  # fmt: skip
     return objects
+
+
+def chart_runs_operator(cp: ControlPlane, namespace: str, release: str) -> Callable[[], None]:
+    """A step for a `pulumi` command's `during`: the operator process lives while the
+    chart's Deployment does (the chart's pod is simulated and reconciles nothing): started
+    once the Deployment and the CRDs exist, stopped once the Deployment is gone."""
+
+    def step() -> None:
+        deployed = cp.kubectl(
+            "get", "deployment", "-n", namespace, release, check=False
+        ).returncode == 0  # fmt: skip
+        if deployed:
+            cp.start_kuberay_operator_once_crds()
+        else:
+            cp.stop_kuberay_operator()
+
+    return step

@@ -8,10 +8,12 @@ only step is the component's own create), and after that `up` previews no change
 (Named apart from tests/test_component_package.py, the package's schema tests: pytest
 collects both directories in one session, and two test modules may not share a name.)
 
-The consumers run on a cluster that has KubeRay already (the `control_plane` fixture: its
-CRDs and operator), with `operator.install: false`: then every object the component makes
-goes through the consumer's provider, and the CLI's environment has no KUBECONFIG, so
-nothing could reach the cluster another way.
+The YAML and the first Python consumer run on a cluster that has KubeRay already (the
+`control_plane` fixture: its CRDs and operator), with `operator.install: false`: then every
+object the component makes goes through the consumer's provider. The last one installs
+KubeRay on a cluster without it (`bare_control_plane`), where uerl reaches the cluster
+itself (the CRDs, the kept claim's provider) through the `kubeconfig` input it is given.
+The CLI's environment has no KUBECONFIG, so nothing could reach a cluster another way.
 
 How the package is loaded offline. For a package given by path, Pulumi's Python host
 (3.259) runs, at `pulumi package add` and at each program run that loads it, `python -m
@@ -40,10 +42,10 @@ from typing import Any
 
 import pytest
 import yaml
-from controlplane import KUBERAY_CHART_DIR, REPO, ControlPlane, find_binaries
+from controlplane import KUBERAY_CHART_DIR, KUBERAY_CRD_NAMES, REPO, ControlPlane, find_binaries
 from host_speed import guard
 from pulumi_project import PulumiProject
-from stacks import running_and_ready
+from stacks import chart_runs_operator, running_and_ready
 
 # Every consumer's up, rescale and destroy, a few minutes each loaded.
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(guard(2700))]
@@ -293,30 +295,29 @@ k8s_provider = k8s.Provider("k8s", **settings["provider"])
 cluster = uerl.TrainingCluster(
     "rl",
     topology=settings["topology"],
+    **settings.get("access", {}),  # kubeconfig, context: where uerl reaches the cluster itself
     opts=pulumi.ResourceOptions(providers=[k8s_provider]),
 )
 pulumi.export("endpoints", cluster.endpoints)
 '''
 
 
-@pytest.fixture(scope="module")
-def python_consumer(
-    control_plane: ControlPlane, package: Path, tmp_path_factory: pytest.TempPathFactory
+def python_project(
+    cp: ControlPlane, package: Path, workdir: Path, settings: dict[str, Any]
 ) -> PulumiProject:
-    kubeconfig = control_plane.kubeconfig
+    """The Python program above, its settings as given (the provider's kubeconfig added),
+    the package added and a `dev` stack."""
+    kubeconfig = cp.kubeconfig
     program = {
         "name": "consumer-python",
         "runtime": {"name": "python", "options": {"toolchain": "pip", "virtualenv": "venv"}},
     }
-    project = consumer(tmp_path_factory.mktemp("python"), package, kubeconfig, program)
+    project = consumer(workdir, package, kubeconfig, program)
     layered_venv(project.dir / "venv")
     (project.dir / "requirements.txt").write_text("pulumi\npulumi-kubernetes\n")
     (project.dir / "__main__.py").write_text(PYTHON_PROGRAM)
-    settings = {
-        "provider": {"kubeconfig": str(kubeconfig), "enable_config_map_mutable": True},
-        "topology": small_topology("uerl-py", 2),
-    }
-    (project.dir / "settings.json").write_text(json.dumps(settings))
+    provider = {"kubeconfig": str(kubeconfig), "enable_config_map_mutable": True}
+    (project.dir / "settings.json").write_text(json.dumps({"provider": provider, **settings}))
     project.run("package", "add", str(package))
     # What `package add` did: the SDK generated, installed into the program's venv, and
     # the package recorded in Pulumi.yaml and requirements.txt.
@@ -328,6 +329,14 @@ def python_consumer(
     )
     project.new_stack("dev")
     return project
+
+
+@pytest.fixture(scope="module")
+def python_consumer(
+    control_plane: ControlPlane, package: Path, tmp_path_factory: pytest.TempPathFactory
+) -> PulumiProject:
+    settings = {"topology": small_topology("uerl-py", 2)}
+    return python_project(control_plane, package, tmp_path_factory.mktemp("python"), settings)
 
 
 def test_a_python_program_brings_a_training_cluster_up_rescales_it_and_destroys_it(
@@ -423,3 +432,88 @@ def test_a_stack_made_before_the_component_previews_no_change_after_the_move(
     cp.wait_until(
         lambda: stack_objects(cp, "uerl") == kept, guard(180), "the dev stack's objects gone"
     )
+
+
+# ---- a program whose training cluster installs KubeRay -------------------------------------
+
+OPERATOR_RELEASE = "kuberay-operator"
+
+
+def installing_topology(name: str) -> dict[str, Any]:
+    """The small topology with the defaults a new cluster takes: the operator installed
+    (its CRDs applied by uerl itself), the runs claim kept by a destroy (taken back by a
+    provider of uerl's)."""
+    return {
+        **small_topology(name, 2),
+        "operator": {"install": True, "chart_path": str(KUBERAY_CHART_DIR)},
+        "runs": {"claim": {"keep_on_destroy": True}},
+    }
+
+
+@pytest.fixture(scope="module")
+def installing_consumer(
+    bare_control_plane: ControlPlane, package: Path, tmp_path_factory: pytest.TempPathFactory
+) -> PulumiProject:
+    settings = {"topology": installing_topology("uerl-op")}
+    workdir = tmp_path_factory.mktemp("installing")
+    return python_project(bare_control_plane, package, workdir, settings)
+
+
+def test_a_program_that_installs_kuberay_without_its_kubeconfig_is_refused_in_one_line(
+    installing_consumer: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    # Without the provider's kubeconfig, uerl's own steps would reach $KUBECONFIG's cluster.
+    result = installing_consumer.run("preview", stack="dev", check=False)
+    print(result.output)
+    assert result.returncode != 0
+    diagnostics = result.output.split("Diagnostics:", 1)[-1].splitlines()
+    (first, *_) = [line.strip() for line in diagnostics if line.strip().startswith("error:")]
+    assert first.startswith(
+        "error: uerl:index:TrainingCluster resource 'rl' has a problem: kubeconfig: this "
+        "TrainingCluster has a Kubernetes provider of its own"
+    ), result.output
+    assert "topology.operator.crds (install" in first
+    # Pulumi's Python host prints the program's own traceback under it (the engine shut
+    # the resource monitor down); none of it is uerl's code.
+    assert "infra/components" not in result.output, result.output
+    assert bare_control_plane.kubectl("get", "namespace", "uerl-op", check=False).returncode != 0
+
+
+def test_a_program_installs_kuberay_through_the_kubeconfig_it_gives_and_destroys_it(
+    installing_consumer: PulumiProject, bare_control_plane: ControlPlane
+) -> None:
+    project, cp, name = installing_consumer, bare_control_plane, "uerl-op"
+    settings_file = project.dir / "settings.json"
+    settings = json.loads(settings_file.read_text())
+    # The file's text as one line of JSON, as a cluster resource outputs it (EKS's): the
+    # CLI's environment has no KUBECONFIG, so this is uerl's only way to the cluster.
+    kubeconfig = json.dumps(yaml.safe_load(cp.kubeconfig.read_text()))
+    settings["access"] = {"kubeconfig": kubeconfig}
+    settings_file.write_text(json.dumps(settings))
+
+    operator = chart_runs_operator(cp, name, OPERATOR_RELEASE)
+    result = project.up("dev", during=operator)
+    print(f"pulumi up of {name}, KubeRay installed: {result.seconds:.1f}s")
+    listed = cp.get_json("crd", "--show-managed-fields")["items"]
+    crds = {c["metadata"]["name"]: c for c in listed}
+    assert set(crds) >= KUBERAY_CRD_NAMES
+    # Applied by uerl's CRDs resource (its field manager), through the kubeconfig given.
+    for crd in KUBERAY_CRD_NAMES:
+        managers = {m["manager"] for m in crds[crd]["metadata"]["managedFields"]}
+        assert "uerl" in managers, (crd, managers)
+    cp.kubectl("get", "deployment", "-n", name, OPERATOR_RELEASE)
+    assert raycluster(cp, name)["status"]["state"] == "ready", result.output
+    assert groups_ready(cp, name) == {"headgroup": 1, "learners": 1, "workers": 2}
+    assert project.outputs("dev")["endpoints"]["cluster_name"] == name
+
+    result = project.run("destroy", "--yes", stack="dev", during=operator)
+    print(f"pulumi destroy of {name}: {result.seconds:.1f}s")
+    # Compute and KubeRay go (`crds: install`: the stack's own CRDs with them); the runs
+    # claim and its namespace stay (`keep_on_destroy`).
+    kept = {f"persistentvolumeclaim/{name}-runs", f"namespace/{name}"}
+    cp.wait_until(lambda: set(stack_objects(cp, name)) == kept, guard(180), "only the kept")
+    crds_left = {c["metadata"]["name"] for c in cp.get_json("crd")["items"]}
+    assert not crds_left & KUBERAY_CRD_NAMES
+    operator_left = cp.kubectl("get", "deployment", "-n", name, OPERATOR_RELEASE, check=False)
+    assert operator_left.returncode != 0, operator_left.stdout
+    assert project.resources("dev") == []

@@ -24,7 +24,7 @@ import yaml
 from controlplane import KUBERAY_CHART_DIR, KUBERAY_CRD_NAMES, KUBERAY_CRDS_DIR, ControlPlane
 from host_speed import guard
 from pulumi_project import PulumiProject
-from stacks import running_and_ready
+from stacks import chart_runs_operator, running_and_ready
 
 from infra.topology import RUNS_MOUNT_PATH, RaySpec
 
@@ -50,20 +50,7 @@ def project(
 
 
 def operator_follows_chart(cp: ControlPlane) -> Callable[[], None]:
-    """The operator process lives while the chart's Deployment does (the chart's
-    pod is simulated and reconciles nothing): started once the Deployment and the
-    CRDs exist, stopped once the Deployment is gone."""
-
-    def step() -> None:
-        deployed = cp.kubectl(
-            "get", "deployment", "-n", NAMESPACE, OPERATOR_RELEASE, check=False
-        ).returncode == 0  # fmt: skip
-        if deployed:
-            cp.start_kuberay_operator_once_crds()
-        else:
-            cp.stop_kuberay_operator()
-
-    return step
+    return chart_runs_operator(cp, NAMESPACE, OPERATOR_RELEASE)
 
 
 def up(project: PulumiProject, cp: ControlPlane, stack: str = "dev", **kwargs: Any) -> Any:
