@@ -79,6 +79,9 @@ class RecordingMonitor(MockMonitor):
                     "customTimeouts": _timeouts(request),
                     # `pulumi destroy` leaves the object (and drops it from the state).
                     "retainOnDelete": bool(request.retainOnDelete),
+                    # Unset: the engine takes the parent's (as it does `protect`).
+                    "retainOnDeleteSet": request.HasField("retainOnDelete"),
+                    "protect": bool(request.protect),
                     # Where the resource was before (an alias's spec: no parent, or which).
                     "aliases": [_alias(alias) for alias in request.aliases],
                 }

@@ -130,3 +130,19 @@ def test_a_one_line_json_kubeconfig_a_cluster_resource_outputs_is_taken_as_text(
     assert report["error"] is None, report["error"]
     (crds,) = resources_of(report, CRDS).values()
     assert crds["inputs"]["kubeconfig"]["value"] == text
+
+
+def test_protect_retain_on_delete_and_transformations_reach_every_child() -> None:
+    options = {"protect": True, "retain_on_delete": True, "label": "team=rl"}
+    report = consumer(topology=PROVIDER_ONLY, options=options)
+    assert report["error"] is None, report["error"]
+    children = [r for r in report["resources"] if r["parent"] is not None]
+    assert len(children) >= 5
+    # `protect` the SDK passes down; `retainOnDelete` the engine does, for each child that
+    # leaves it unset (pulumi/pkg resource/deploy source_eval.go, inheritFromParent).
+    assert all(r["protect"] for r in children), [r["name"] for r in children if not r["protect"]]
+    assert not [r["name"] for r in children if r["retainOnDeleteSet"]]
+    objects = [r for r in children if r["custom"] and "metadata" in r["inputs"]]
+    assert objects and all(
+        r["inputs"]["metadata"].get("labels", {}).get("team") == "rl" for r in objects
+    ), [r["name"] for r in objects]
