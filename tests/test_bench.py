@@ -110,3 +110,19 @@ def test_the_sampling_clock_times_each_of_ppos_sampling_calls_and_puts_it_back(
         assert ppo.synchronous_parallel_sample(worker_set=None) == "episodes"
         assert 0.05 <= clock.last_s < 10.0  # the sleep, however loaded the host
     assert ppo.synchronous_parallel_sample is slow_sample
+
+
+def test_the_metrics_cost_runs_the_first_path_again_publishing_and_then_not() -> None:
+    # A/A beside A/B: the gap between two identical paths says what gap is noise.
+    from training.commands import bench_e2e
+
+    paths = bench_e2e._uerl_paths(["python", "native"], metrics_cost=True)
+    assert list(paths) == [
+        "python",
+        "native",
+        "native_multi_agent",
+        "metrics_on_again",
+        "metrics_off",
+    ]
+    assert paths["metrics_on_again"] == paths["metrics_off"] == paths["python"]
+    assert set(bench.E2E_LABELS) >= {"rllib", "multi_agent", "rllib_trip", *paths}

@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-cost",
         action="store_true",
-        help="end to end: also uerl's first path with its env runners publishing no "
-        "metrics, to compare with it (what publishing costs)",
+        help="end to end: also uerl's first path twice more, publishing again (how far "
+        "two identical paths differ) and with its env runners publishing no metrics "
+        "(what publishing costs)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
@@ -339,5 +340,6 @@ E2E_LABELS = {
     "python": "uerl python client",
     "native": "uerl native client",
     "native_multi_agent": "uerl native client, multi-agent runner",
+    "metrics_on_again": "uerl, first client again (A/A)",
     "metrics_off": "uerl, first client, metrics off",
 }

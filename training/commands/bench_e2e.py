@@ -148,7 +148,9 @@ class SamplingClock:
 
 BASELINE = "rllib"
 MULTI_AGENT_RUNNER = "native_multi_agent"
-# `--metrics-cost`: uerl's first path with its env runners publishing no metrics.
+# `--metrics-cost`: uerl's first path again, publishing as it does (A/A: how far two
+# identical paths differ here), then with its env runners publishing no metrics (A/B).
+METRICS_ON_AGAIN = "metrics_on_again"
 METRICS_OFF = "metrics_off"
 ROUND_TRIP = "rllib_trip"
 ROUND_TRIP_ENV = "uerl-bench-round-trip"
@@ -234,7 +236,10 @@ def _uerl_paths(clients: list[str], metrics_cost: bool = False) -> dict[str, tup
     if "native" in clients:
         uerl[MULTI_AGENT_RUNNER] = ("native", "multi_agent")
     if metrics_cost:
-        # The first client's path again, publishing no metrics: side by side with it.
+        # The first client's path twice more, side by side with it: publishing (the A/A
+        # control: two identical paths differed by 10 % in sampling, more than the 2 %
+        # to be told apart), and not.
+        uerl[METRICS_ON_AGAIN] = (clients[0], "auto")
         uerl[METRICS_OFF] = (clients[0], "auto")
     return uerl
 
