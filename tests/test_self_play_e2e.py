@@ -63,7 +63,7 @@ def chance_of_at_least(wins: int, decided: int) -> float:
 
 def assert_beats(results: dict[str, float], most_losses: int) -> None:
     # A Sumo bout that runs out of time is a draw, and how many end so swings from run to
-    # run (snapshot 0: 0 to 68 of 100 across the bench's six runs and CI's), so a bar on the
+    # run (snapshot 0: 1 to 68 of 100 across the bench's six runs and CI's), so a bar on the
     # net score failed a CI run that won 32, drew 68 and lost none. What "beats" claims is
     # that the learner wins the decided bouts far more often than a peer would: the sign
     # test, at odds of one in a thousand (10 wins and no loss already pass), with the losses
