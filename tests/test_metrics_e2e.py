@@ -417,9 +417,11 @@ def test_the_dashboards_run_figures_agree_with_metrics_csv_at_each_instant(
 
 
 # How late a figure can reach Prometheus: Ray's workers report to their node's agent every
-# 10 s (metrics_report_interval_ms), Prometheus scrapes every 1 s; 4 s more for a loaded
-# host. A runner's counter and the driver's iteration gauge are each at most this late.
-REPORT_LAG_S = 15
+# 10 s (metrics_report_interval_ms), Prometheus scrapes every 1 s, and a loaded host delays
+# the driver's report further: beside two CPU-bound processes its iteration gauge was 5
+# iterations behind the runners' counters, over 15 s late. A runner's counter and the
+# driver's iteration gauge are each at most this late (scaled as every wait is).
+REPORT_LAG_S = guard(30)
 
 
 @pytest.mark.slow
