@@ -200,12 +200,11 @@ class TrainingCluster(pulumi.ComponentResource):
             )
         return None
 
-    def _required_access(self) -> ClusterAccess:
-        # The operator's CRDs and the kept claim's providers use it; _cluster_access has
-        # refused a topology with them when there is none.
-        if self._access is None:
-            raise pulumi.RunError("kubeconfig: uerl has no way to reach the cluster itself")
-        return self._access
+    @property
+    def _children_access(self) -> ClusterAccess:
+        # None only where nothing below reaches the cluster itself (_cluster_access refused
+        # the rest): then what the children are given is never used.
+        return self._access or ClusterAccess()
 
     def _child(self, **options: Any) -> pulumi.ResourceOptions:
         return pulumi.ResourceOptions(parent=self, aliases=WAS_TOP_LEVEL, **options)
@@ -219,7 +218,7 @@ class TrainingCluster(pulumi.ComponentResource):
         if topology.runs.store != "claim" or not topology.runs.claim.keep_on_destroy:
             return self._child()
         keep = stack_provider(
-            "namespace-keep", self, self._required_access(), WAS_TOP_LEVEL,
+            "namespace-keep", self, self._children_access, WAS_TOP_LEVEL,
             upsert_existing_objects=True,
         )  # fmt: skip
         return self._child(retain_on_delete=True, provider=keep)
@@ -242,8 +241,7 @@ class TrainingCluster(pulumi.ComponentResource):
                 "kuberay",
                 objects.operator,
                 (topology.namespace, topology.name),
-                # Unused when the CRDs are skipped.
-                self._required_access() if objects.operator.crds != "skip" else ClusterAccess(),
+                self._children_access,
                 depends_on=base if in_our_ns else [],
                 opts=self._child(),
             )
@@ -276,8 +274,7 @@ class TrainingCluster(pulumi.ComponentResource):
         if objects.runs_pvc is not None:
             keep = topology.runs.claim.keep_on_destroy
             runs = RunStorage(
-                "runs", objects.runs_pvc, keep,
-                self._required_access() if keep else ClusterAccess(),
+                "runs", objects.runs_pvc, keep, self._children_access,
                 depends_on=base, opts=self._child(),
             )  # fmt: skip
             cluster_deps.append(runs.pvc)
