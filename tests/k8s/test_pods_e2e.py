@@ -403,7 +403,7 @@ def test_the_namespace_refuses_a_pod_that_breaks_restricted(
     assert 'violates PodSecurity "restricted' in done.stderr, done.stderr
 
 
-# ---- b, c, d. training as a user runs it, rescaled and losing a pod while it trains ---
+# ---- b, c. training as a user runs it, rescaled while it trains ----------------------
 
 
 @dataclass
@@ -413,7 +413,6 @@ class SidecarRun:
     logs: dict[str, str] = field(default_factory=dict)
     workers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     runner_node_ips: list[str] = field(default_factory=list)
-    runner_node_ips_after_delete: list[str] = field(default_factory=list)
     status: str = ""
     stop_s: float = 0.0  # `ray job stop` until the job's status is terminal
 
@@ -502,30 +501,6 @@ def sidecar_run(
     run.workers["after_shrink"] = ray_pods(cp, "workers")
     run.runner_node_ips = _runner_node_ips(cp)
 
-    # d. the game's pod (sidecar: the worker pod) deleted mid-training.
-    lost = run.workers["after_shrink"][0]["metadata"]
-    cp.kubectl("delete", "pod", "-n", NAMESPACE, lost["name"], "--wait=false")
-
-    def replaced() -> bool:
-        pods = ray_pods(cp, "workers")
-        return bool(pods) and all(
-            p["metadata"]["uid"] != lost["uid"] and running_and_ready(p) for p in pods
-        )
-
-    # The old pod's termination, then a Ray node started and probed ready: about a minute.
-    cp.wait_until(replaced, guard(600), "a new worker pod Running and Ready")
-    mark = len(progress(jobs.logs(SIDECAR_JOB)))
-
-    def back(log: str) -> bool:
-        # Sampling again, on the new pod: iterations with the runner healthy.
-        return sum(1 for p in progress(log)[mark:] if p.runners == (1, 1)) >= 3
-
-    run.logs["pod_deleted"] = jobs.wait_for(
-        SIDECAR_JOB, back, "iterations with a runner on the new worker pod", guard(600)
-    )
-    run.runner_node_ips_after_delete = _runner_node_ips(cp)
-    run.workers["after_delete"] = ray_pods(cp, "workers")
-
     stop_asked = time.monotonic()
     stopped = jobs.cli("stop", SIDECAR_JOB, timeout_s=JOB_STOP_GRACE_S + guard(180))
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -572,16 +547,6 @@ def test_a_shrink_cuts_no_crash_into_the_job(sidecar_run: SidecarRun) -> None:
     done = log[log.rfind("rescale: ") :]
     assert "-> 1 env runners" in done.split("\n", 1)[0]
     assert all(p.runners == (1, 1) for p in progress(done)), done
-
-
-def test_a_deleted_game_pod_is_replaced_and_its_runner_samples_again(
-    sidecar_run: SidecarRun,
-) -> None:
-    gone = sidecar_run.workers["after_shrink"][0]["metadata"]["uid"]
-    now = sidecar_run.workers["after_delete"]
-    assert len(now) == 1 and now[0]["metadata"]["uid"] != gone
-    # The runner sampling now is on the new pod.
-    assert sidecar_run.runner_node_ips_after_delete == [now[0]["status"]["podIP"]]
 
 
 def test_ray_job_stop_ends_the_job_with_a_final_checkpoint(sidecar_run: SidecarRun) -> None:
@@ -694,7 +659,7 @@ def test_each_env_runner_s_env_steps_are_a_series_labelled_with_its_game(
     # Scraped from the worker pods the runners ran on (each Ray node serves its own).
     workers = {
         p["metadata"]["name"]
-        for key in ("before_shrink", "after_delete")
+        for key in ("before_shrink", "after_shrink")
         for p in sidecar_run.workers[key]
     }
     assert {r["metric"]["pod"] for r in by_pod} <= workers, (by_pod, workers)
@@ -1339,6 +1304,30 @@ def _over(f: _Faults, hit: Struck, before: LogView) -> bool:
         return f.evidence["head images"] == hit.what
     if hit.kind == HEAD_DURING_UPLOAD:  # the store back: the next fault may stop it again
         return not any(pause.is_alive() for pause in f.pauses)
+    if hit.kind == WORKER:
+        return _worker_replaced_and_sampling(f, view)
+    return True
+
+
+def _worker_replaced_and_sampling(f: _Faults, view: LogView) -> bool:
+    """The deleted worker pod (sidecar: its game with it) replaced by a new one, Running
+    and Ready, and 2 iterations since with its runner healthy, on the new pod's Ray node."""
+    pods = ray_pods(f.cp, "workers")
+    new = [p for p in pods if p["metadata"]["uid"] != f.evidence[WORKER] and running_and_ready(p)]
+    if len(pods) != 1 or not new:
+        return False
+    # The iterations the newest supervisor pod's log shows after the first round that
+    # saw the new pod Ready (that log only grows; a pod replaced meanwhile starts again).
+    pod, log = view.pods[-1] if view.pods else ("", "")
+    seen = f"{pod} {len(progress(log))}"
+    at, mark = f.evidence.setdefault("worker pod ready at", seen).split()
+    if at != pod:
+        f.evidence["worker pod ready at"] = seen
+        return False
+    if sum(1 for p in progress(log)[int(mark) :] if p.runners == (1, 1)) < 2:
+        return False
+    f.evidence["worker pod after"] = f"{new[0]['metadata']['uid']} {new[0]['status']['podIP']}"
+    f.evidence["runner node ips after worker"] = " ".join(_runner_node_ips(f.cp))
     return True
 
 
@@ -1447,6 +1436,17 @@ def test_the_next_attempt_removes_a_dead_writers_leftover_from_the_claim(
     left = sorted(p.relative_to(run.run_dir).as_posix() for p in run.run_dir.rglob("*")
                   if p.name.startswith(PARTIAL_PREFIX))  # fmt: skip
     assert left == [], left
+
+
+def test_a_deleted_worker_pod_is_replaced_and_its_runner_samples_on_the_new_one(
+    supervised_run: FaultRun,
+) -> None:
+    """The claim schedule's WORKER fault, on the stack shrunk to one worker: the
+    schedule waited for the new pod and two healthy iterations after it was Ready."""
+    gone = supervised_run.evidence[WORKER]
+    uid, ip = supervised_run.evidence["worker pod after"].split()
+    assert uid != gone
+    assert supervised_run.evidence["runner node ips after worker"] == ip
 
 
 def test_a_deleted_supervisor_pod_is_replaced_by_one_following_the_running_attempt(
