@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -18,11 +19,6 @@ from host_speed import guard
 from proc_tree import Deadline, StartedProcesses, TreeSampler
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
-# pytest-timeout's limit of each test using conftest's `readme_local_run` (a session
-# fixture, so without a `deadline` of its own): its run (`make local`, three iterations:
-# about a minute idle, up to 5x that on a loaded host) ends before, with room to stop.
-README_RUN_TIMEOUT_S = 1200
 
 
 @dataclass
@@ -63,12 +59,24 @@ def wait_for_line(proc: subprocess.Popen[str], needle: str, *, timeout_s: float)
     raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
 
 
+def make_local_argv(run_dir: Path, *args: str) -> list[str]:
+    """README's first command: `make local ARGS="..."` (the virtualenv built already)."""
+    return ["make", "local", f"ARGS={' '.join([*args, '--run-dir', str(run_dir)])}"]
+
+
 def start(
-    started: StartedProcesses, run_dir: Path, *args: str, env: dict[str, str] | None = None
+    started: StartedProcesses,
+    run_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    through_make: bool = False,
 ) -> subprocess.Popen[str]:
-    """`uerl local ARGS`, owned by `started` (stopped with it)."""
+    """`uerl local ARGS` (or `make local ARGS=...`), owned by `started` (stopped with it)."""
+    argv = make_local_argv(run_dir, *args) if through_make else uerl_local_argv(run_dir, *args)
+    if through_make:  # not the jobserver of a `make test` this runs under
+        env = {**(os.environ if env is None else env), "MAKEFLAGS": ""}
     return started.popen(
-        uerl_local_argv(run_dir, *args),
+        argv,
         cwd=PROJECT_ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -78,15 +86,20 @@ def start(
 
 
 def run_local(
-    run_dir: Path, *args: str, timeout_s: float = 300, env: dict[str, str] | None = None
+    run_dir: Path,
+    *args: str,
+    timeout_s: float = 300,
+    env: dict[str, str] | None = None,
+    through_make: bool = False,
 ) -> LocalRun:
-    """`uerl local ARGS` to its end, stopped after `timeout_s` (give it one that ends before
-    pytest-timeout's, see `proc_tree.Deadline`). Whatever else ends this call early
-    (pytest-timeout, Ctrl-C), nothing it started is left running. After a normal exit
-    nothing is stopped here: what the run left running is the tests' to find."""
+    """`uerl local ARGS` (`through_make`: as `make local ARGS=...`) to its end, stopped
+    after `timeout_s` (give it one that ends before pytest-timeout's, see
+    `proc_tree.Deadline`). Whatever else ends this call early (pytest-timeout, Ctrl-C),
+    nothing it started is left running. After a normal exit nothing is stopped here:
+    what the run left running is the tests' to find."""
     started = time.monotonic()
     owned = StartedProcesses()
-    proc = start(owned, run_dir, *args, env=env)
+    proc = start(owned, run_dir, *args, env=env, through_make=through_make)
     try:
         with TreeSampler(proc.pid) as sampler:
             try:
@@ -107,7 +120,7 @@ def run_local(
         time.monotonic() - started,
         sampler.pids - {proc.pid},
         sampler.peak_rss_bytes,
-        args,
+        tuple(make_local_argv(run_dir, *args)) if through_make else args,
     )
 
 

@@ -3,8 +3,8 @@
 Units: the worker-side tagging, the driver's handling of the actors' lines and of
 its own Ray loggers, the stderr filter. End to end (`uerl train` / `uerl local` as
 subprocesses on real `ray start` clusters): an env runner that cannot start still
-shows its error on the console; a normal run prints none of Ray's routine lines,
-and they are in `<run-dir>/logs/ray.log`.
+shows its error on the console (that a normal run prints none of Ray's routine lines,
+which are in `<run-dir>/logs/ray.log`, is tests/test_local_e2e.py's, on its README run).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 from host_speed import CLUSTER_START_S
-from local_runs import README_RUN_TIMEOUT_S
 from proc_tree import Deadline
 
 from training.rllib.console import (
@@ -38,14 +37,6 @@ CORE_WORKER_LINE = (
     "'UEEnvRunner' and ID: 'ca1c23f0190713e660e3999901000000' has constructor arguments in "
     "the object store and max_restarts > 0. If the arguments in the object store go out of "
     "scope or are lost, the actor restart will fail."
-)
-# What Ray and RLlib 2.60 print on every run, each from a different place.
-ROUTINE_NOISE = (
-    "You are running PPO on the new API stack",  # the driver's RLlib logger
-    "has constructor arguments in the object store",  # the driver's C++ core worker
-    "RLModuleConfig",  # RLlib's own deprecated class, in driver, runners and learner
-    "Setting up process group",  # Ray Train, in the learner actor
-    "gputil",  # Ray Tune's utilisation monitor
 )
 
 
@@ -212,18 +203,3 @@ def test_an_env_runner_that_cannot_start_shows_its_error_on_the_console(
         "EnvRunner pid=" in line and endpoint in line and "UEConnectionError" in line
         for line in console.splitlines()
     ), console
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(README_RUN_TIMEOUT_S)
-def test_a_training_run_prints_none_of_rays_routine_lines_and_logs_them(
-    readme_local_run: Any,
-) -> None:
-    run = readme_local_run  # conftest's: README's `make local`, 3 iterations
-    assert run.returncode == 0, run.output
-    shown = [noise for noise in ROUTINE_NOISE if noise in run.output]
-    assert shown == [], run.output
-    assert QUIET_TAG not in run.output
-    logged = (run.run_dir / "logs" / "ray.log").read_text()
-    assert "Setting up process group" in logged  # from the learner actor
-    assert "has constructor arguments in the object store" in logged  # the driver's C++ core

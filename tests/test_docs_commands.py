@@ -7,13 +7,10 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-import pytest
 import yaml
 from doc_blocks import PROJECT_ROOT
 from host_speed import guard
-from local_runs import README_RUN_TIMEOUT_S
 
 
 def uerl(command: str, cwd: Path = PROJECT_ROOT) -> subprocess.CompletedProcess[str]:
@@ -53,13 +50,3 @@ def test_render_of_a_topology_file(tmp_path: Path) -> None:
     done = uerl("uerl render --topology my-topology.yaml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "RayCluster" in kinds(done.stdout)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(README_RUN_TIMEOUT_S)
-def test_make_local_trains_end_to_end(readme_local_run: Any) -> None:
-    # README's first command, short: `make local ARGS="--iterations 3"` (conftest's run).
-    run = readme_local_run
-    assert run.returncode == 0, run.output[-6000:]
-    assert "done in" in run.output and "3 iteration(s) recorded" in run.output
-    assert (run.run_dir / "metrics.csv").is_file()

@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from local_runs import README_RUN_TIMEOUT_S, LocalRun, run_local, start, wait_for_line
+from local_runs import LocalRun, run_local, start, wait_for_line
 from proc_tree import Deadline, StartedProcesses, TreeSampler, survivors
+
+from training.rllib.console import QUIET_TAG
 
 ITERATIONS = 3
 
@@ -21,17 +23,25 @@ ITERATIONS = 3
 pytestmark = pytest.mark.timeout(1200)
 
 
-# The sidecar run in `make test`, plaintext like `make local`; the networked one, a
-# second full run, in `make test-slow`, over mutual TLS (`--tls mutual`).
-@pytest.fixture(
-    scope="module", params=["sidecar", pytest.param("networked", marks=pytest.mark.slow)]
+# What Ray and RLlib 2.60 print on every run, each from a different place: never on a
+# run's console, all in its `logs/ray.log` (training.rllib.console).
+ROUTINE_NOISE = (
+    "You are running PPO on the new API stack",  # the driver's RLlib logger
+    "has constructor arguments in the object store",  # the driver's C++ core worker
+    "RLModuleConfig",  # RLlib's own deprecated class, in driver, runners and learner
+    "Setting up process group",  # Ray Train, in the learner actor
+    "gputil",  # Ray Tune's utilisation monitor
 )
-def local_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
-    pattern = request.param
-    # Not `module_deadline`: that is set once for the module, and this runs once a param.
+
+
+def _run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pattern: str
+) -> LocalRun:
+    # Not `module_deadline`: that is set once for the module, and this runs once a pattern.
     deadline = Deadline.for_item(request.node, request.config)
     run_dir = tmp_path_factory.mktemp(f"local-{pattern}")
-    tls = ["--tls", "mutual"] if pattern == "networked" else []
+    sidecar = pattern == "sidecar"
+    tls = [] if sidecar else ["--tls", "mutual"]
     run = run_local(
         run_dir,
         *tls,
@@ -50,12 +60,36 @@ def local_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         "--minibatch-size",
         "100",
         timeout_s=deadline.left(),
+        # README's first command, from a shell that exports RAY_AUTH_MODE=token (an
+        # earlier in-process `ray.init` or the user's profile may).
+        through_make=sidecar,
+        env={**os.environ, "RAY_AUTH_MODE": "token"} if sidecar else None,
     )
     print(
         f"\n[{pattern}] wall {run.wall_s:.1f}s, peak RSS of the tree "
         f"{run.peak_rss_bytes / 2**20:.0f} MiB, {len(run.pids)} processes"
     )
     return run
+
+
+@pytest.fixture(scope="module")
+def readme_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> LocalRun:
+    """The sidecar run (`make test`), plaintext, as README's `make local ARGS="..."`: the
+    one run that README's, the console's and every plain run's checks are made on."""
+    return _run(request, tmp_path_factory, "sidecar")
+
+
+# The sidecar run in `make test`; the networked one, a second full run, in `make
+# test-slow`, over mutual TLS (`--tls mutual`).
+@pytest.fixture(
+    scope="module", params=["sidecar", pytest.param("networked", marks=pytest.mark.slow)]
+)
+def local_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+    if request.param == "sidecar":
+        return request.getfixturevalue("readme_run")
+    return _run(request, tmp_path_factory, request.param)
 
 
 def test_exits_zero(local_run: LocalRun) -> None:
@@ -140,11 +174,11 @@ def test_leaves_no_process_behind(local_run: LocalRun) -> None:
     assert survivors(local_run.pids) == set()
 
 
-@pytest.mark.parametrize(
-    "sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)]
-)
-def test_signal_during_training_stops_cleanly_with_a_final_checkpoint(
-    tmp_path: Path, sig: signal.Signals, started: StartedProcesses, deadline: Deadline
+# Ctrl-C. SIGTERM and SIGHUP take the same path (`StopRequest`); SIGTERM during training
+# is proven by tests/test_ray_jobs.py (`ray job stop`), and to `uerl local` during start-up
+# below.
+def test_ctrl_c_during_training_stops_cleanly_with_a_final_checkpoint(
+    tmp_path: Path, started: StartedProcesses, deadline: Deadline
 ) -> None:
     proc = start(
         started,
@@ -164,7 +198,7 @@ def test_signal_during_training_stops_cleanly_with_a_final_checkpoint(
     )
     with TreeSampler(proc.pid) as sampler:
         seen = wait_for_line(proc, "iter    1 |", timeout_s=deadline.left())
-        os.kill(proc.pid, sig)
+        os.kill(proc.pid, signal.SIGINT)
         rest, _ = proc.communicate(timeout=deadline.left())
     assert proc.returncode == 130, seen + rest
     latest = (tmp_path / "checkpoints" / "latest").read_text()
@@ -186,11 +220,29 @@ def test_signal_during_startup_stops_everything_started_so_far(
     assert survivors(sampler.pids - {proc.pid}) == set()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(README_RUN_TIMEOUT_S)
-def test_an_inherited_ray_auth_mode_does_not_break_the_run(readme_local_run: LocalRun) -> None:
+def test_make_local_trains_end_to_end(readme_run: LocalRun) -> None:
+    # README's first command (`make local`, its ARGS short), whose last line says so.
+    assert readme_run.args[:2] == ("make", "local")
+    assert readme_run.returncode == 0, readme_run.output[-6000:]
+    assert "done in" in readme_run.output
+    assert f"{ITERATIONS} iteration(s) recorded" in readme_run.output
+    assert (readme_run.run_dir / "metrics.csv").is_file()
+
+
+def test_an_inherited_ray_auth_mode_does_not_break_the_run(readme_run: LocalRun) -> None:
     # A shell (or an earlier in-process `ray.init`) may export RAY_AUTH_MODE=token; the
-    # local cluster runs without auth, and its driver must agree (conftest's run has it).
-    assert "RAY_AUTH_MODE=token" in readme_local_run.args
-    assert readme_local_run.returncode == 0, readme_local_run.output
-    assert "iter    1 |" in readme_local_run.output
+    # local cluster runs without auth, and its driver must agree (the README run has it).
+    assert readme_run.returncode == 0, readme_run.output
+    assert "iter    1 |" in readme_run.output
+
+
+def test_a_training_run_prints_none_of_rays_routine_lines_and_logs_them(
+    readme_run: LocalRun,
+) -> None:
+    assert readme_run.returncode == 0, readme_run.output
+    shown = [noise for noise in ROUTINE_NOISE if noise in readme_run.output]
+    assert shown == [], readme_run.output
+    assert QUIET_TAG not in readme_run.output
+    logged = (readme_run.run_dir / "logs" / "ray.log").read_text()
+    assert "Setting up process group" in logged  # from the learner actor
+    assert "has constructor arguments in the object store" in logged  # the driver's C++ core
