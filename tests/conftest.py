@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from host_speed import guard, time_factor
+from host_speed import time_factor
 from proc_tree import (
-    STOP_MARGIN_S,
     TEST_SESSION_ENV,
     Deadline,
     StartedProcesses,
@@ -162,6 +161,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.user_properties.append((MACHINE_CPU_KEY, machine_cpu_s() - item.stash[_cpu_start]))
 
 
+# Where each run appends its modules' figures (suite|module|wall s|CPU-s), if set.
+MODULE_CLOCK_ENV = "UERL_MODULE_CLOCK"
+
+
 class ModuleClock:
     """Sums each module's test reports; prints them, longest first, after the run."""
 
@@ -186,6 +189,15 @@ class ModuleClock:
         terminalreporter.write_line(
             f"{sum(self.seconds.values()):8.1f} s  {sum(self.cpu_s.values()):8.0f} CPU-s  in all"
         )
+        # For .ci/run's closing table: one line a module, from the run that saw them all
+        # (an xdist controller, or a serial run; never a worker, which saw only its own).
+        path = os.environ.get(MODULE_CLOCK_ENV)
+        config = terminalreporter.config
+        if path and not hasattr(config, "workerinput"):
+            suite = config.getoption("markexpr", "") or "all"
+            with open(path, "a") as fh:
+                for module, total in self.seconds.items():
+                    fh.write(f"{suite}|{module}|{total:.0f}|{self.cpu_s.get(module, 0.0):.0f}\n")
 
 
 # ------------------------------------------- order and grouping for pytest-xdist
@@ -212,6 +224,9 @@ LONGEST_FIRST = (
     "test_security_tier.py",
     "test_stack_changes.py",
     "test_render_dry_run.py",
+    # the last on the shared KWOK plane (tests/k8s/conftest.py: it stops after the last
+    # of a run of modules that use it)
+    "test_package_consumers.py",
     "test_pulumi_up.py",
     "test_run_storage.py",
     "test_images.py",
@@ -333,35 +348,6 @@ def module_deadline(request: pytest.FixtureRequest) -> Deadline:
     """`deadline` for module-scoped fixtures: they are set up within the timeout of the
     module's first test."""
     return Deadline.for_item(request.node, request.config)
-
-
-@pytest.fixture(scope="session")
-def readme_local_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """README's first command, short (`make local ARGS="--iterations 3 ..."`), from a shell
-    that exports RAY_AUTH_MODE=token (an earlier in-process `ray.init` or the user's
-    profile may). One run serves every check of a plain run's console and result
-    (test_docs_commands, test_local_e2e, test_console): each start of a local topology
-    costs about half a minute of CI."""
-    import subprocess
-
-    from local_runs import PROJECT_ROOT, README_RUN_TIMEOUT_S, LocalRun
-
-    run_dir = tmp_path_factory.mktemp("readme-local") / "run"
-    started = time.monotonic()
-    args = f"--iterations 3 --run-dir {run_dir}"
-    done = subprocess.run(
-        ["make", "local", f"ARGS={args}"],
-        cwd=PROJECT_ROOT, capture_output=True, text=True,
-        timeout=guard(README_RUN_TIMEOUT_S) - STOP_MARGIN_S,
-        env={**os.environ, "MAKEFLAGS": "", "RAY_AUTH_MODE": "token"},
-    )  # fmt: skip
-    return LocalRun(
-        done.returncode,
-        done.stdout + done.stderr,
-        run_dir,
-        time.monotonic() - started,
-        args=("make", "local", "RAY_AUTH_MODE=token"),
-    )
 
 
 class _Web(http.server.BaseHTTPRequestHandler):

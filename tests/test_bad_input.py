@@ -409,6 +409,15 @@ def test_resuming_an_empty_directory_is_refused_before_ray_starts(
     assert err.startswith(f"uerl local: {empty} is not a uerl checkpoint (uerl.json: ")
 
 
+def test_resume_without_a_checkpoint_fails_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--resume` alone is `--resume latest`: the newest checkpoint of a run that has none.
+    err = one_line_error(capsys, "local", "--run-dir", str(tmp_path), "--resume")
+    checkpoints = tmp_path / "checkpoints"
+    assert err.startswith(f"uerl local: --resume: no checkpoint in {checkpoints} (no latest file)")
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "field"),
     [("--workers", "1", "workers.replicas=3"), ("--pattern", "sidecar", "pattern=networked")],

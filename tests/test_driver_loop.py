@@ -21,9 +21,9 @@ STEPS_PER_ITERATION = 500
 
 
 class FakeAlgorithm:
-    """What `_loop` uses of an RLlib Algorithm. Like RLlib (tests/test_resume.py shows it
-    on real runs), a restored algorithm continues the checkpoint's iteration and its
-    lifetime env-step count."""
+    """What `_loop` uses of an RLlib Algorithm. Like RLlib (the resume in
+    tests/test_rescale_e2e.py shows it on a real run), a restored algorithm continues the
+    checkpoint's iteration and its lifetime env-step count."""
 
     def __init__(self, *, on_train: Any = None) -> None:
         self.iteration = 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from host_speed import guard
-from local_runs import ITER_LINE, LocalRunWatcher, retry_signal, run_local
+from local_runs import ITER_LINE, LocalRunWatcher, retry_signal
 from proc_tree import Deadline, StartedProcesses, TreeSampler
 
 from training.local import processes
@@ -37,14 +37,17 @@ def _mtime(path: Path) -> float:
 TEN_FAULTS_BATCH = ("--train-batch-size", "1000")
 
 
-# Hang guards: a 24-iteration run with ten faults, then a resumed one, in one test; a loaded
-# host (beside a Go build and the Kubernetes tier) runs them up to 5x slower than idle.
+# Hang guards: a 24-iteration run with ten faults; a loaded host (beside a Go build and the
+# Kubernetes tier) runs it up to 5x slower than idle. (Its checkpoints resuming: proven once,
+# by tests/test_rescale_e2e.py.)
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoints(
+def test_training_survives_ten_random_game_faults_with_every_runner_back(
     tmp_path: Path, started: StartedProcesses, deadline: Deadline
 ) -> None:
-    # The faults are due after iterations 2..14 (rng 7); the rest shows every runner back.
+    # The faults are due after iterations 2..14 (rng 7), but this thread waits out each
+    # SIGSTOP (about 23 s in all), so on a fast host the last ends some iterations after 14.
+    # The rest shows every runner back.
     iterations = 24
     run = LocalRunWatcher(
         started,
@@ -72,6 +75,7 @@ def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoin
                 time.sleep(rng.uniform(3.0, 6.0))  # longer than the 2 s RPC deadline
                 stopped.send_signal(signal.SIGCONT)
                 faults.append((name, "SIGSTOP+SIGCONT"))
+        print(f"the faults ended after iteration {run.iteration} of {iterations}")
         assert run.iteration < iterations - 2, "faults must end before the run does"
         code = run.finish(timeout_s=guard(1200))
     output = run.output
@@ -97,14 +101,6 @@ def test_training_survives_ten_random_game_faults_and_resumes_from_its_checkpoin
         stats = sorted((tmp_path / "games").glob(f"{name}*.stats.json"), key=_mtime)
         assert json.loads(stats[-1].read_text())["steps"] > 0, (name, stats)
     assert processes.alive(sampler.pids - {run.proc.pid}) == set()
-    # The checkpoints load: resuming continues the same run.
-    resumed = run_local(
-        tmp_path, "--workers", "3", "--iterations", str(iterations + 1), "--resume",
-        *TEN_FAULTS_BATCH, timeout_s=deadline.left(),
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.output
-    assert f"resumed from {tmp_path / 'checkpoints'}" in resumed.output
-    assert re.search(rf"^iter\s+{iterations + 1} ", resumed.output, re.M), resumed.output
 
 
 @pytest.mark.slow

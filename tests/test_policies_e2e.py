@@ -1,5 +1,9 @@
-"""Each policy configuration through `uerl local`: the policies it trains, evaluates and
-exports, on the two-player Sumo game (agents that act on each other) and TwoTeams."""
+"""`--policies shared` through `uerl local`: the policy it trains, evaluates and exports, on
+the two-player Sumo game (agents that act on each other), and its refusal on TwoTeams.
+
+The other configurations' runs: by_type (two policies trained, evaluated and exported) in
+tests/test_eval_e2e.py; independent's mapping in tests/test_policies.py (its policies
+train, evaluate and export as by_type's do); self_play and ctde in their own modules."""
 
 from __future__ import annotations
 
@@ -11,9 +15,9 @@ import pytest
 from local_runs import PROJECT_ROOT, LocalRun, run_local
 from proc_tree import Deadline
 
-# A hang guard, for each module fixture's run with the first test using it, as for each
-# test: two short iterations (a Ray start, a game, an eval), about a minute idle and up
-# to 5x that beside the Kubernetes tier. Each wait below ends before it.
+# A hang guard, for the module fixture's run with the first test, as for each test: two
+# short iterations (a Ray start, a game, an eval), about a minute idle and up to 5x that
+# beside the Kubernetes tier. Each wait below ends before it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SHORT = [
@@ -22,19 +26,19 @@ SHORT = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["shared", "independent"])
-def sumo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
-    # Not `module_deadline`: that is set once for the module, and this runs once a param.
-    deadline = Deadline.for_item(request.node, request.config)
-    return run_local(
-        tmp_path_factory.mktemp(f"sumo-{request.param}"),
-        "--env", "uerl/Sumo-v0", "--envs", "4", "--policies", request.param, *SHORT,
-        timeout_s=deadline.left(),
+# Both players act with the one policy.
+POLICIES = ["shared"]
+
+
+@pytest.fixture(scope="module")
+def sumo(tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline) -> LocalRun:
+    run = run_local(
+        tmp_path_factory.mktemp("sumo-shared"),
+        "--env", "uerl/Sumo-v0", "--envs", "4", "--policies", "shared", *SHORT,
+        timeout_s=module_deadline.left(),
     )  # fmt: skip
-
-
-def expected_policies(run: LocalRun) -> list[str]:
-    return ["shared"] if "shared" in run.args else ["player_0", "player_1"]
+    print(run.output)
+    return run
 
 
 def test_training_and_eval_exit_zero(sumo: LocalRun) -> None:
@@ -42,19 +46,18 @@ def test_training_and_eval_exit_zero(sumo: LocalRun) -> None:
 
 
 def test_the_run_says_which_policies_it_trains(sumo: LocalRun) -> None:
-    configuration = "shared" if "shared" in sumo.args else "independent"
-    assert f"policies {expected_policies(sumo)} ({configuration})" in sumo.output
+    assert f"policies {POLICIES} (shared)" in sumo.output
 
 
 def test_the_checkpoint_keeps_the_configuration(sumo: LocalRun) -> None:
     game = json.loads((sumo.checkpoints / "checkpoint_000002" / "game.json").read_text())
-    assert game["policies"] == expected_policies(sumo)
-    assert game["policy_configuration"] in ("shared", "independent")
+    assert game["policies"] == POLICIES
+    assert game["policy_configuration"] == "shared"
 
 
 def test_eval_plays_the_checkpoints_policies(sumo: LocalRun) -> None:
     report = json.loads((sumo.run_dir / "eval.json").read_text())
-    assert sorted(report["policies"]) == expected_policies(sumo)
+    assert sorted(report["policies"]) == POLICIES
 
 
 def test_export_writes_one_file_per_trained_policy(sumo: LocalRun, deadline: Deadline) -> None:
@@ -63,7 +66,7 @@ def test_export_writes_one_file_per_trained_policy(sumo: LocalRun, deadline: Dea
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=deadline.left(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    for policy in expected_policies(sumo):
+    for policy in POLICIES:
         assert f"{policy}.onnx" in done.stdout
 
 

@@ -2,9 +2,12 @@
 
 `uerl local` trains while `uerl local scale` takes it 2 -> 4 -> 1 -> 0 -> 3, then is
 stopped by Ctrl-C two iterations after the last change (its final checkpoint); that
-checkpoint resumes with 3 runners. The cluster case runs `uerl train --endpoints FILE`
-against `uerl local serve`: the file is what the ConfigMap is on the Ray head, re-read
-between iterations, bad versions of it included.
+checkpoint resumes with 3 runners, continuing the run (this module is where `--resume` is
+proven on a PPO run). The cluster case runs `uerl train --endpoints FILE` against `uerl
+local serve`: the file is what the ConfigMap is on the Ray head, re-read between
+iterations, bad versions of it included. Games that join are proven by the rescaled run:
+`uerl local`'s driver follows its run directory's endpoints.json with the same watch
+(`EndpointsWatch`) as `uerl train --endpoints`.
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ from proc_tree import Deadline, StartedProcesses, TreeSampler, survivors
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # A ceiling the run does not reach: it must outlast the four changes (scaling takes
-# wall-clock time, so an idle machine's fast iterations, about 1 s, use more of them: an
-# idle CI rehearsal needed about 45 before the last change). The test stops it by Ctrl-C
-# once the last change has run two iterations: nothing after that is asserted.
-ITERATIONS = 80
-BATCH = 1000
-FAST = ["--train-batch-size", str(BATCH), "--minibatch-size", "250", "--num-epochs", "2"]
+# wall-clock time, so an idle machine's fast iterations use more of them: an idle CI
+# rehearsal needed about 45 before the last change at 1,000 steps an iteration, about 1 s,
+# and an iteration of 500 takes about half that). The test stops it by Ctrl-C once the
+# last change has run two iterations: nothing after that is asserted.
+ITERATIONS = 200
+# Small iterations: every assertion on their size is relative to BATCH.
+BATCH = 500
+FAST = ["--train-batch-size", str(BATCH), "--minibatch-size", "100", "--num-epochs", "1"]
 MAX_RUNNERS = 4  # the most the run has: 2 -> 4 -> 1 -> 0 -> 3
 ITER_LINE = re.compile(r"^iter\s+(\d+) .*\| runners (\d+)/(\d+)")
 
@@ -124,6 +129,8 @@ class RescaledRun:
     pids: set[int]
     # Index of each change's "rescale: A -> B" line, and B.
     changes: list[tuple[int, int]]
+    # metrics.csv as the run left it (the resume below adds to it).
+    rows: list[dict[str, str]]
 
     @property
     def events(self) -> list[dict]:
@@ -157,7 +164,13 @@ def rescaled(tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline
             console.wait_for(r"^uerl local: finished in", after=at)
     finally:
         owned.stop()
-    return RescaledRun(proc.returncode, console, run_dir, sampler.pids - {proc.pid}, changes)
+    rows = metrics_rows(run_dir)
+    return RescaledRun(proc.returncode, console, run_dir, sampler.pids - {proc.pid}, changes, rows)
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "metrics.csv").open() as fh:
+        return list(csv.DictReader(fh))
 
 
 def test_the_rescaled_run_stops_on_ctrl_c_with_a_final_checkpoint(rescaled: RescaledRun) -> None:
@@ -228,8 +241,7 @@ def test_episodes_cut_by_a_removal_are_never_counted(rescaled: RescaledRun) -> N
     # games never ended: RLlib counts exactly the episodes the games ended, no more.
     games = json.loads((rescaled.run_dir / "games.json").read_text())
     ended = sum(stats["episodes_ended"] for stats in games.values())
-    with (rescaled.run_dir / "metrics.csv").open() as fh:
-        counted = int(list(csv.DictReader(fh))[-1]["episodes_total"])
+    counted = int(rescaled.rows[-1]["episodes_total"])
     assert counted == ended, (counted, ended)
 
 
@@ -237,8 +249,7 @@ def test_the_iteration_after_each_change_samples_one_train_batch(rescaled: Resca
     """docs/kubernetes.md: "The train batch is split over the runners there are now, so an
     iteration stays the same size." Also prints (with -s) each change's time and the next
     iteration's, against the run's median."""
-    with (rescaled.run_dir / "metrics.csv").open() as fh:
-        rows = {int(r["iteration"]): r for r in csv.DictReader(fh)}
+    rows = {int(r["iteration"]): r for r in rescaled.rows}
     times = {i: float(r["time_s"]) for i, r in rows.items()}
     median = statistics.median(times.values())
     changes = [e for e in rescaled.events if e["kind"] == "rescale"]
@@ -254,7 +265,7 @@ def test_the_iteration_after_each_change_samples_one_train_batch(rescaled: Resca
             f"{event['runners_before']} -> {event['runners_after']}: applied in "
             f"{event['seconds']:.2f} s; next iteration {times[first]:.2f} s (median {median:.2f} s)"
         )
-    # One train batch (1000 env steps), split in whole fragments: at most one step more
+    # One train batch (BATCH env steps), split in whole fragments: at most one step more
     # per runner; never a batch sized for the runners before the change.
     assert sizes and all(BATCH <= steps <= BATCH + MAX_RUNNERS for steps in sizes.values()), sizes
 
@@ -263,20 +274,68 @@ def test_nothing_is_left_running(rescaled: RescaledRun) -> None:
     assert survivors(rescaled.pids) == set()
 
 
-def test_a_checkpoint_taken_after_a_rescale_resumes_with_the_new_size(
-    rescaled: RescaledRun, deadline: Deadline
-) -> None:
+# -- the rescaled run's final checkpoint resumed, with 3 runners, for two iterations -------
+
+
+@dataclass
+class ResumedRun:
+    run: LocalRun
+    last: int  # the rescaled run's last iteration, its final checkpoint's
+
+    @property
+    def rows(self) -> list[dict[str, str]]:
+        return metrics_rows(self.run.run_dir)
+
+
+@pytest.fixture(scope="module")
+def resumed(request: pytest.FixtureRequest, rescaled: RescaledRun) -> ResumedRun:
+    # Not `module_deadline`: that was set for the rescaled run, before this one starts.
+    deadline = Deadline.for_item(request.node, request.config)
     last = rescaled.console.iterations_after(-1)[-1][0]
-    resumed: LocalRun = run_local(
+    run = run_local(
         rescaled.run_dir, "--workers", "3", "--resume", "latest",
         "--iterations", str(last + 2), *FAST, timeout_s=deadline.left(),
     )  # fmt: skip
-    assert resumed.returncode == 0, resumed.output
-    assert f"resumed from {rescaled.run_dir / 'checkpoints'}" in resumed.output
-    lines = [m for line in resumed.output.splitlines() if (m := ITER_LINE.match(line))]
+    return ResumedRun(run, last)
+
+
+def test_a_checkpoint_taken_after_a_rescale_resumes_with_the_new_size(
+    resumed: ResumedRun,
+) -> None:
+    output, last = resumed.run.output, resumed.last
+    assert resumed.run.returncode == 0, output
+    lines = [m for line in output.splitlines() if (m := ITER_LINE.match(line))]
     assert [(int(m[1]), int(m[2]), int(m[3])) for m in lines] == [
         (last + 1, 3, 3), (last + 2, 3, 3)
     ]  # fmt: skip
+
+
+def test_the_resumed_run_says_where_it_continues_from(resumed: ResumedRun) -> None:
+    checkpoint = resumed.run.checkpoints / f"checkpoint_{resumed.last:06d}"
+    assert f"resumed from {checkpoint}: iteration {resumed.last}, " in resumed.run.output
+
+
+def test_the_resumed_run_continues_the_env_step_count(
+    rescaled: RescaledRun, resumed: ResumedRun
+) -> None:
+    before = int(rescaled.rows[-1]["env_steps_total"])
+    after = [int(r["env_steps_total"]) for r in resumed.rows[resumed.last :]]
+    # Each iteration adds one batch to the checkpoint's count: no restart at 0.
+    assert before < after[0] < after[1], (before, after)
+    assert after[0] - before < before, (before, after)
+
+
+def test_the_resumed_run_continues_the_iterations_and_keeps_the_earlier_metrics(
+    rescaled: RescaledRun, resumed: ResumedRun
+) -> None:
+    rows = resumed.rows
+    assert [int(r["iteration"]) for r in rows] == list(range(1, resumed.last + 3))
+    assert rows[: resumed.last] == rescaled.rows
+
+
+def test_the_resumed_run_writes_its_final_checkpoint(resumed: ResumedRun) -> None:
+    latest = (resumed.run.checkpoints / "latest").read_text()
+    assert latest == f"checkpoint_{resumed.last + 2:06d}", resumed.run.output
 
 
 # -- the cluster case: `uerl train --endpoints FILE`, the file the ConfigMap is ------------
@@ -351,11 +410,8 @@ def followed(tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline
         other.terminate()
         other.wait(timeout=guard(60))
         publish(endpoints_file, good)
-        at = console.wait_iterations(2, after=at)
-        # 4. A real second game and node, as `pulumi up` brings them: it joins. Two
-        # iterations with it, then Ctrl-C (nothing after that is asserted).
-        scale(serve_dir, 2)
-        at = marks["joined"] = console.wait_for(r"rescale: 1 -> 2 env runners \(ue-2 joined\)")
+        # Two iterations on the good file again, then Ctrl-C. (A game that joins: the
+        # rescaled run's 2 -> 4 and 0 -> 3, followed by the same watch.)
         at = console.wait_iterations(2, after=at)
         train.send_signal(signal.SIGINT)
         train.wait(timeout=module_deadline.left(guard(600)))
@@ -390,8 +446,3 @@ def test_a_new_game_that_never_answers_is_given_up_on_and_the_run_goes_on(
 def test_a_new_game_with_other_spaces_is_refused(followed: FollowedRun) -> None:
     line = followed.console.lines[followed.marks["refused"]]
     assert "defines agents" in line and "other spaces than the run's game" in line
-
-
-def test_the_game_that_joins_is_sampled_by_a_second_runner(followed: FollowedRun) -> None:
-    following = followed.console.iterations_after(followed.marks["joined"])[:2]
-    assert (2, 2) in [(h, t) for _, h, t in following], following
