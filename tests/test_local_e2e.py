@@ -151,6 +151,7 @@ def test_discovery_goes_to_the_patterns_discovery_game(local_run: LocalRun) -> N
         # Sidecar: the discovery task asked worker 1's own game, then its runner connected.
         assert "ue-disc" not in games
         assert games["ue-1"]["sessions_opened"] == 2
+    assert games["ue-2"]["sessions_opened"] == 1  # its runner's alone
 
 
 def test_checkpoints_every_k_and_at_the_end(local_run: LocalRun) -> None:
