@@ -34,9 +34,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield
 
 
-def _control_plane(request: pytest.FixtureRequest, **options: Any) -> Iterator[ControlPlane]:
-    """Fails (never skips) when tests/k8s/build/build.sh has not been run. Its work
-    directory (every process's log) is kept when a test of the module failed."""
+def _new_plane(**options: Any) -> ControlPlane:
+    """Fails (never skips) when tests/k8s/build/build.sh has not been run."""
     missing = None
     try:
         plane = ControlPlane(**options)
@@ -44,6 +43,13 @@ def _control_plane(request: pytest.FixtureRequest, **options: Any) -> Iterator[C
         missing = str(exc)
     if missing is not None:
         pytest.fail(missing, pytrace=False)
+    return plane
+
+
+def _control_plane(request: pytest.FixtureRequest, **options: Any) -> Iterator[ControlPlane]:
+    """A plane for one module. Its work directory (every process's log) is kept when a
+    test of the module failed."""
+    plane = _new_plane(**options)
     failed_before = request.session.testsfailed
     with plane:
         yield plane
@@ -51,10 +57,66 @@ def _control_plane(request: pytest.FixtureRequest, **options: Any) -> Iterator[C
             plane.keep = True
 
 
+class SharedPlane:
+    """The KWOK plane with KubeRay that modules share (`control_plane`): started by the
+    first item that asks for it, stopped after the module of the last item of a run that
+    uses it (`pytest_runtest_teardown` below), or at the session's end. So consecutive
+    modules start one plane (under pytest-xdist, LONGEST_FIRST in tests/conftest.py puts
+    them together, and each worker has its own), and none idles through other modules (an
+    idle plane takes about 2 CPU-s a minute). Its work directory is kept when a test
+    failed while it was up; a plane one of whose processes died is replaced."""
+
+    def __init__(self) -> None:
+        self.plane: ControlPlane | None = None
+        self._failed_before = 0
+
+    def get(self, session: pytest.Session) -> ControlPlane:
+        if self.plane is not None and any(p.popen.poll() is not None for p in self.plane.processes):
+            self.plane.keep = True  # its logs say why
+            self.stop(session)
+        if self.plane is None:
+            plane = _new_plane()
+            plane.__enter__()  # started; a failed start stops what it started (StartStop)
+            self.plane, self._failed_before = plane, session.testsfailed
+        return self.plane
+
+    def stop(self, session: pytest.Session) -> None:
+        plane, self.plane = self.plane, None
+        if plane is not None:
+            if session.testsfailed > self._failed_before:
+                plane.keep = True
+            plane.stop()
+
+
+_shared = SharedPlane()
+
+
+@pytest.fixture(scope="session")
+def _shared_plane(request: pytest.FixtureRequest) -> Iterator[SharedPlane]:
+    yield _shared
+    _shared.stop(request.session)
+
+
 @pytest.fixture(scope="module")
-def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
-    """A control plane with one 32-CPU/64Gi KWOK node, KubeRay's CRDs and its operator."""
-    yield from _control_plane(request)
+def control_plane(request: pytest.FixtureRequest, _shared_plane: SharedPlane) -> ControlPlane:
+    """A control plane with one 32-CPU/64Gi KWOK node, KubeRay's CRDs and its operator,
+    shared with the modules before and after that use it: a module leaves it as it found
+    it (its namespaces, stacks and cluster-wide objects removed at its end, waited for
+    where the next could make one of the same name)."""
+    return _shared_plane.get(request.session)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the item's teardown (its module's fixtures finalized when the next item is
+    another module's), the shared plane stops unless the next module uses it too."""
+    yield
+    if _shared.plane is None:
+        return
+    if nextitem is None or (
+        nextitem.path != item.path and "control_plane" not in nextitem.fixturenames
+    ):
+        _shared.stop(item.session)
 
 
 @pytest.fixture(scope="module")

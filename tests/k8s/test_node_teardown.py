@@ -1,8 +1,11 @@
 """A real node leaves nothing behind (node.py): after its context exits, whether its
 body returned or raised, no shim or container process, no mount under its directory,
 no bridge or veth, no kube-proxy/kube-router/CNI iptables chain or ipset, no cgroup,
-and every sysctl as before. Each test starts its own node, with pods, a Service and a
-NetworkPolicy in place so that every piece has something to undo."""
+and every sysctl as before. One control plane of the test's own, and on it two nodes one
+after the other, each with pods, a Service and a NetworkPolicy in place so that every
+piece has something to undo: the first one's body returns, the second one's raises. The
+machine's state is compared once around the plane and both nodes (the plane's `lo`
+address included); each node's own comparison around itself is its `leftovers`."""
 
 from __future__ import annotations
 
@@ -33,32 +36,29 @@ class BodyFailed(RuntimeError):
     pass
 
 
-def test_nothing_is_left_after_the_node_exits() -> None:
+def test_nothing_is_left_after_a_node_exits_normally_or_when_its_body_raises() -> None:
     before = HostState.capture()
     with ControlPlane(api_address=NODE_API_ADDRESS, nodes=(), kuberay_operator=False) as cp:
+        # Node A: its body returns.
         with Node(cp) as node:
-            in_use = _exercise(cp, node)
+            in_use = _exercise(cp, node, "teardown-a")
         _assert_nothing_left(node, in_use)
+        # Node B, on the same plane: its body raises.
+        node = Node(cp)
+        with pytest.raises(BodyFailed), node:
+            in_use = _exercise(cp, node, "teardown-b")
+            raise BodyFailed
+        _assert_nothing_left(node, in_use)
+        shutil.rmtree(node.workdir)  # kept, as after any failure in a node's body
     assert before.differences(HostState.capture()) == []
 
 
-def test_nothing_is_left_when_the_body_raises(node_control_plane: ControlPlane) -> None:
-    before = HostState.capture()
-    node = Node(node_control_plane)
-    with pytest.raises(BodyFailed), node:
-        in_use = _exercise(node_control_plane, node)
-        raise BodyFailed
-    _assert_nothing_left(node, in_use)
-    assert before.differences(HostState.capture()) == []
-    shutil.rmtree(node.workdir)  # kept, as after any failure in a node's body
-
-
-def _exercise(cp: ControlPlane, node: Node) -> dict[str, object]:
-    """Pods behind a Service and a NetworkPolicy, one connection through it; returns
-    what is in use on the machine while they run."""
+def _exercise(cp: ControlPlane, node: Node, ns: str) -> dict[str, object]:
+    """Pods behind a Service and a NetworkPolicy in namespace `ns` (one of the node's
+    own: the objects of a node before it stay in the API), one connection through it;
+    returns what is in use on the machine while they run."""
     image = busybox_image()
     node.import_image(image.archive)
-    ns = "teardown"
     cp.kubectl("create", "namespace", ns)
     cp.wait_until(lambda: cp.kubectl("get", "-n", ns, "sa/default", check=False).returncode == 0,
                   guard(120), "serviceaccount default")  # fmt: skip

@@ -8,12 +8,14 @@ only step is the component's own create), and after that `up` previews no change
 (Named apart from tests/test_component_package.py, the package's schema tests: pytest
 collects both directories in one session, and two test modules may not share a name.)
 
-The YAML and the first Python consumer run on a cluster that has KubeRay already (the
-`control_plane` fixture: its CRDs and operator), with `operator.install: false`: then every
-object the component makes goes through the consumer's provider. The last one installs
+The YAML consumer runs on a cluster that has KubeRay already (the shared `control_plane`
+of tests/k8s/conftest.py: its CRDs and operator), with `operator.install: false`: then every object
+the component makes goes through the consumer's provider. The Python consumer installs
 KubeRay on a cluster without it (`bare_control_plane`), where uerl reaches the cluster
-itself (the CRDs, the kept claim's provider) through the `kubeconfig` input it is given.
-The CLI's environment has no KUBECONFIG, so nothing could reach a cluster another way.
+itself (the CRDs, the kept claim's provider) through the `kubeconfig` input it is given,
+and rescales it. The CLI's environment has no KUBECONFIG, so nothing could reach a cluster
+another way. What this module leaves on the shared plane (uerl's own stack's kept claim
+and namespace) goes at its end.
 
 How the package is loaded offline. For a package given by path, Pulumi's Python host
 (3.259) runs, at `pulumi package add` and at each program run that loads it, `python -m
@@ -172,21 +174,27 @@ def stack_objects(cp: ControlPlane, name: str) -> list[str]:
     return sorted(line for line in out.splitlines() if line)
 
 
-def up_ready_rescale_destroy(
-    project: PulumiProject, cp: ControlPlane, name: str, rescale: Any
+def up_ready(
+    project: PulumiProject, cp: ControlPlane, name: str, during: Any = None, what: str = ""
 ) -> None:
-    """`up` (RayCluster ready, 2 workers), the input changed to 3 and `up` (the worker
-    group follows, and the endpoints output), `destroy` (nothing of the stack left)."""
-    result = project.up("dev")
-    print(f"pulumi up of {name}: {result.seconds:.1f}s")
+    """`up`: the RayCluster ready with 2 workers, the endpoints output saying so, the
+    stack's objects labelled."""
+    result = project.up("dev", during=during)
+    print(f"pulumi up of {name}{what}: {result.seconds:.1f}s")
     assert raycluster(cp, name)["status"]["state"] == "ready", result.output
     assert groups_ready(cp, name) == {"headgroup": 1, "learners": 1, "workers": 2}
     endpoints = project.outputs("dev")["endpoints"]
     assert endpoints["num_env_runners"] == 2 and endpoints["cluster_name"] == name
     assert stack_objects(cp, name), "the stack's objects carry its label"
 
+
+def rescaled_to_three(
+    project: PulumiProject, cp: ControlPlane, name: str, rescale: Any, during: Any = None
+) -> None:
+    """The input changed to 3 workers (`rescale`) and `up`: the worker group follows, and
+    the endpoints output."""
     rescale()
-    result = project.up("dev")
+    result = project.up("dev", during=during)
     print(f"pulumi up of {name}, workers 2 -> 3: {result.seconds:.1f}s")
     assert worker_replicas(cp, name) == 3
     cp.wait_until(
@@ -195,6 +203,15 @@ def up_ready_rescale_destroy(
         f"{name}'s third worker Running and Ready",
     )
     assert project.outputs("dev")["endpoints"]["num_env_runners"] == 3
+
+
+def up_ready_rescale_destroy(
+    project: PulumiProject, cp: ControlPlane, name: str, rescale: Any
+) -> None:
+    """`up` (RayCluster ready, 2 workers), the input changed to 3 and `up` (the worker
+    group follows, and the endpoints output), `destroy` (nothing of the stack left)."""
+    up_ready(project, cp, name)
+    rescaled_to_three(project, cp, name, rescale)
 
     result = project.run("destroy", "--yes", stack="dev")
     print(f"pulumi destroy of {name}: {result.seconds:.1f}s")
@@ -278,7 +295,7 @@ def test_a_bad_topology_value_in_the_yaml_program_fails_preview_in_one_line(
         assert words not in result.output, result.output
 
 
-# ---- a second Python program -------------------------------------------------------------
+# ---- a Python program -----------------------------------------------------------------------
 
 PYTHON_PROGRAM = '''\
 """A team's own program: its provider, and uerl's training cluster beside its things."""
@@ -331,28 +348,6 @@ def python_project(
     return project
 
 
-@pytest.fixture(scope="module")
-def python_consumer(
-    control_plane: ControlPlane, package: Path, tmp_path_factory: pytest.TempPathFactory
-) -> PulumiProject:
-    settings = {"topology": small_topology("uerl-py", 2)}
-    return python_project(control_plane, package, tmp_path_factory.mktemp("python"), settings)
-
-
-def test_a_python_program_brings_a_training_cluster_up_rescales_it_and_destroys_it(
-    python_consumer: PulumiProject, control_plane: ControlPlane
-) -> None:
-    project = python_consumer
-    settings_file = project.dir / "settings.json"
-
-    def rescale() -> None:
-        settings = json.loads(settings_file.read_text())
-        settings["topology"]["workers"]["replicas"] = 3
-        settings_file.write_text(json.dumps(settings))
-
-    up_ready_rescale_destroy(project, control_plane, "uerl-py", rescale)
-
-
 # ---- uerl's own stack, made before the component ---------------------------------------------
 
 
@@ -377,7 +372,17 @@ def tree_at(commit: str, dest: Path) -> Path:
 def own_project(
     control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PulumiProject]:
-    yield PulumiProject(tmp_path_factory.mktemp("own"), control_plane.kubeconfig)
+    """uerl's own project; after the module, what its destroy keeps (the runs claim, in
+    namespace `uerl`) is deleted and waited for: the plane is shared, and
+    test_controlplane.py's dev stack is `uerl` in namespace `uerl` too."""
+    cp = control_plane
+    yield PulumiProject(tmp_path_factory.mktemp("own"), cp.kubeconfig)
+    cp.kubectl("delete", "namespace", "uerl", "--ignore-not-found", "--wait=false")
+    cp.wait_until(
+        lambda: cp.kubectl("get", "namespace", "uerl", check=False).returncode != 0,
+        guard(180),
+        "namespace uerl gone",
+    )
 
 
 def test_a_stack_made_before_the_component_previews_no_change_after_the_move(
@@ -479,9 +484,12 @@ def test_a_program_that_installs_kuberay_without_its_kubeconfig_is_refused_in_on
     assert bare_control_plane.kubectl("get", "namespace", "uerl-op", check=False).returncode != 0
 
 
-def test_a_program_installs_kuberay_through_the_kubeconfig_it_gives_and_destroys_it(
+def test_a_program_installs_kuberay_through_the_kubeconfig_it_gives_rescales_and_destroys_it(
     installing_consumer: PulumiProject, bare_control_plane: ControlPlane
 ) -> None:
+    """A Python program's training cluster: KubeRay installed through the kubeconfig the
+    program gives (its CRDs applied by uerl), up with 2 workers, rescaled to 3 by the
+    program's input, destroyed with only the kept claim and namespace left."""
     project, cp, name = installing_consumer, bare_control_plane, "uerl-op"
     settings_file = project.dir / "settings.json"
     settings = json.loads(settings_file.read_text())
@@ -492,8 +500,7 @@ def test_a_program_installs_kuberay_through_the_kubeconfig_it_gives_and_destroys
     settings_file.write_text(json.dumps(settings))
 
     operator = chart_runs_operator(cp, name, OPERATOR_RELEASE)
-    result = project.up("dev", during=operator)
-    print(f"pulumi up of {name}, KubeRay installed: {result.seconds:.1f}s")
+    up_ready(project, cp, name, during=operator, what=", KubeRay installed")
     listed = cp.get_json("crd", "--show-managed-fields")["items"]
     crds = {c["metadata"]["name"]: c for c in listed}
     assert set(crds) >= KUBERAY_CRD_NAMES
@@ -502,9 +509,12 @@ def test_a_program_installs_kuberay_through_the_kubeconfig_it_gives_and_destroys
         managers = {m["manager"] for m in crds[crd]["metadata"]["managedFields"]}
         assert "uerl" in managers, (crd, managers)
     cp.kubectl("get", "deployment", "-n", name, OPERATOR_RELEASE)
-    assert raycluster(cp, name)["status"]["state"] == "ready", result.output
-    assert groups_ready(cp, name) == {"headgroup": 1, "learners": 1, "workers": 2}
-    assert project.outputs("dev")["endpoints"]["cluster_name"] == name
+
+    def rescale() -> None:
+        settings["topology"]["workers"]["replicas"] = 3
+        settings_file.write_text(json.dumps(settings))
+
+    rescaled_to_three(project, cp, name, rescale, during=operator)
 
     result = project.run("destroy", "--yes", stack="dev", during=operator)
     print(f"pulumi destroy of {name}: {result.seconds:.1f}s")

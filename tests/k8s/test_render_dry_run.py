@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from controlplane import KUBERAY_CRDS_DIR, ControlPlane
+from controlplane import ControlPlane
 from host_speed import guard
 from k8s_value_cases import (
     NAMESPACE,
@@ -37,7 +37,8 @@ from k8s_value_cases import (
 )
 
 # pyproject's limit, scaled here: tests/conftest.py scales the limits of tests/*.py only.
-# One kubectl dry run a case (under a second each, idle) and a control plane's start.
+# One kubectl dry run a case (under a second each, idle) and a control plane's start
+# (when this module is the first on the shared plane).
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(guard(900))]
 
 SEED_ENV = "UERL_DRY_RUN_SEED"
@@ -47,15 +48,12 @@ CASES = int(os.environ.get(CASES_ENV, str(7 * len(PLACES))))
 
 
 @pytest.fixture(scope="module")
-def api(bare_control_plane: ControlPlane) -> Iterator[ControlPlane]:
-    """The API server with KubeRay's CRDs (no operator: nothing is created) and the
-    namespace every case's objects are in, its default ServiceAccount made (a Pod's
-    admission looks it up)."""
-    cp = bare_control_plane
-    cp.kubectl("apply", "--server-side", "-f", str(KUBERAY_CRDS_DIR))
-    cp.kubectl(
-        "wait", "--for=condition=Established", f"--timeout={guard(120):.0f}s", "crd", "--all"
-    )
+def api(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """The shared control plane (KubeRay's CRDs established; its operator does nothing
+    with a dry run) and the namespace every case's objects are in, its default
+    ServiceAccount made (a Pod's admission looks it up). The namespace goes after the
+    module, as the plane is shared."""
+    cp = control_plane
     cp.kubectl("create", "namespace", NAMESPACE)
     cp.wait_until(
         lambda: cp.kubectl("get", "serviceaccount", "default", "-n", NAMESPACE, check=False)
@@ -64,6 +62,7 @@ def api(bare_control_plane: ControlPlane) -> Iterator[ControlPlane]:
         f"the ServiceAccount {NAMESPACE}/default",
     )  # fmt: skip
     yield cp
+    cp.kubectl("delete", "namespace", NAMESPACE, "--wait=false", "--ignore-not-found")
 
 
 def sent(case: Case, verdict: Verdict) -> list[dict[str, Any]]:

@@ -1,7 +1,12 @@
-"""What the real API server and KubeRay operator do with uerl's objects as a stack changes:
-pod template changes recreate pods while rescaling keeps them, sidecar games are native
-sidecars in the pods the operator creates, two stacks share a namespace, and the games'
-StatefulSet gives each game the DNS name the endpoints template expands to."""
+"""What the real API server and KubeRay operator do with uerl's objects: sidecar games are
+native sidecars in the pods the operator creates, two stacks share a namespace, and the
+games' StatefulSet gives each game the DNS name the endpoints template expands to.
+
+That a new Ray image recreates the pods while a rescale keeps them is proven through
+Pulumi, on the same operator, by test_pulumi_up.py
+(`test_a_rescale_updates_only_the_worker_count_and_keeps_the_pods`,
+`test_a_new_ray_image_recreates_every_ray_pod`), and on real pods by the bucket run's
+NEW_IMAGE fault (test_pods_e2e.py, in `make e2e-long`)."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any
 import pytest
 from controlplane import ControlPlane
 from host_speed import guard
-from stacks import deploy_and_wait, render, running_and_ready
+from stacks import deploy_and_wait
 
 # pyproject's limit, scaled here: tests/conftest.py scales the limits of tests/*.py only.
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(guard(600))]
@@ -44,33 +49,6 @@ def _stack(name: str, *sets: str) -> list[str]:
     for item in sets:
         args += ["--set", f"topology.{item}"]
     return args
-
-
-def test_a_new_ray_image_recreates_the_pods_and_a_rescale_keeps_them(
-    control_plane: ControlPlane,
-) -> None:
-    cp, ns = control_plane, "uerl-upg"
-    deploy_and_wait(cp, *_stack("upg"))
-    first = {p["metadata"]["uid"] for p in _ray_pods(cp, ns, "upg")}
-
-    deploy_and_wait(cp, *_stack("upg", "workers.replicas=3"))
-    rescaled = {p["metadata"]["uid"] for p in _ray_pods(cp, ns, "upg")}
-    assert first < rescaled and len(rescaled) == len(first) + 1  # replicas alone: kept
-
-    _, objects = render(*_stack("upg", "workers.replicas=3", "ray.image=uerl/ray:next"))
-    cp.apply(objects)
-
-    def recreated() -> bool:
-        pods = _ray_pods(cp, ns, "upg")
-        return (
-            len(pods) == len(rescaled)
-            and not {p["metadata"]["uid"] for p in pods} & rescaled
-            and all(running_and_ready(p) for p in pods)
-            and all(p["spec"]["containers"][0]["image"] == "uerl/ray:next" for p in pods)
-        )
-
-    # A hang guard: KubeRay's Recreate took over 180 s at load 8 (test_pulumi_up.py).
-    cp.wait_until(recreated, guard(480), "every Ray pod recreated with image uerl/ray:next")
 
 
 def test_sidecar_games_run_as_native_sidecars_in_the_operators_pods(
