@@ -200,3 +200,86 @@ def retry_signal(watcher: LocalRunWatcher, name: str, sig: signal.Signals) -> ps
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+# -- `uerl local serve`, and the `uerl` CLI against it ----------------------------------
+
+
+def cli_env() -> dict[str, str]:
+    """A `uerl` CLI's environment against a served cluster: that cluster only (no inherited
+    RAY_ADDRESS), with its auth mode."""
+    return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
+
+
+@dataclass
+class ServedCluster:
+    """A `uerl local serve` session: its process, its run directory, its output lines."""
+
+    proc: subprocess.Popen[str]
+    run_dir: Path
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def endpoints_file(self) -> Path:
+        """What `uerl train --endpoints` and `uerl eval --endpoints` read."""
+        return self.run_dir / "endpoints.json"
+
+
+def serve_local(
+    started: StartedProcesses, run_dir: Path, *args: str, timeout_s: float
+) -> ServedCluster:
+    """`uerl local serve ARGS`, owned by `started` (stopped with it: SIGTERM, then SIGKILL
+    of its whole tree), returned once it serves (its endpoints.json written), within
+    `timeout_s`. Its later output is read on into `lines`, so a full pipe never blocks it."""
+    proc = started.popen(
+        [sys.executable, "-m", "training.cli", "local", "serve", *args, "--run-dir", str(run_dir)],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = wait_for_line(proc, "Ctrl-C stops everything", timeout_s=timeout_s)
+    served = ServedCluster(proc, run_dir, seen.splitlines())
+
+    def read_on() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            served.lines.append(line.rstrip("\n"))
+
+    threading.Thread(target=read_on, daemon=True).start()
+    return served
+
+
+@dataclass
+class CliRun:
+    returncode: int
+    output: str  # stdout and stderr, as they came
+
+
+def run_uerl(*args: str, timeout_s: float) -> CliRun:
+    """`uerl ARGS` (e.g. `train --endpoints FILE ...`, `eval --endpoints FILE ...`) to its
+    end, in `cli_env()`, stopped after `timeout_s` (one that ends before pytest-timeout's,
+    see `proc_tree.Deadline`). Whatever ends this call early, nothing it started is left
+    running; after a normal exit nothing is stopped here."""
+    owned = StartedProcesses()
+    proc = owned.popen(
+        [sys.executable, "-m", "training.cli", *args],
+        cwd=PROJECT_ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            owned.stop()
+            output, _ = proc.communicate()
+            raise AssertionError(
+                f"uerl {args[0]} did not finish in {timeout_s:.0f}s:\n{output}"
+            ) from None
+    except BaseException:
+        owned.stop()
+        raise
+    return CliRun(proc.returncode, output)
