@@ -85,6 +85,24 @@ def start(
     )
 
 
+def to_its_end(
+    owned: StartedProcesses, proc: subprocess.Popen[str], timeout_s: float, what: str
+) -> str:
+    """`proc`'s output once it has ended, within `timeout_s`; past it, or whatever else
+    ends this call early (pytest-timeout, Ctrl-C), everything `owned` started is stopped."""
+    try:
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            owned.stop()
+            output, _ = proc.communicate()
+            raise AssertionError(f"{what} did not finish in {timeout_s:.0f}s:\n{output}") from None
+    except BaseException:
+        owned.stop()
+        raise
+    return output
+
+
 def run_local(
     run_dir: Path,
     *args: str,
@@ -100,19 +118,8 @@ def run_local(
     started = time.monotonic()
     owned = StartedProcesses()
     proc = start(owned, run_dir, *args, env=env, through_make=through_make)
-    try:
-        with TreeSampler(proc.pid) as sampler:
-            try:
-                output, _ = proc.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                owned.stop()
-                output, _ = proc.communicate()
-                raise AssertionError(
-                    f"uerl local did not finish in {timeout_s:.0f}s:\n{output}"
-                ) from None
-    except BaseException:
-        owned.stop()
-        raise
+    with TreeSampler(proc.pid) as sampler:
+        output = to_its_end(owned, proc, timeout_s, "uerl local")
     return LocalRun(
         proc.returncode,
         output,
@@ -270,16 +277,4 @@ def run_uerl(*args: str, timeout_s: float) -> CliRun:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    try:
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            owned.stop()
-            output, _ = proc.communicate()
-            raise AssertionError(
-                f"uerl {args[0]} did not finish in {timeout_s:.0f}s:\n{output}"
-            ) from None
-    except BaseException:
-        owned.stop()
-        raise
-    return CliRun(proc.returncode, output)
+    return CliRun(proc.returncode, to_its_end(owned, proc, timeout_s, f"uerl {args[0]}"))
