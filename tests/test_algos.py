@@ -12,10 +12,7 @@ from pathlib import Path
 import pytest
 from local_runs import run_local
 from proc_tree import Deadline
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from training.run.checkpoints import load_modules
-from training.run.evaluation import weights_fingerprint
+from run_artifacts import fingerprints, learner_losses
 
 # IMPALA and APPO learn asynchronously: the first iteration samples nothing, the
 # learner's first results come back in the third (measured: losses from iteration 3).
@@ -24,22 +21,6 @@ ITERATIONS = 4
 # A full run of 10 s+ iterations (idle): a hang guard far above its time beside the
 # Kubernetes tier (up to 5x idle).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-
-
-def fingerprints(checkpoint: Path) -> dict[str, str]:
-    return weights_fingerprint(load_modules(checkpoint).get_state(inference_only=True))
-
-
-def learner_losses(run_dir: Path) -> dict[str, list[float]]:
-    """Every `learner/<policy>/...loss` scalar TensorBoard reads from the run."""
-    out: dict[str, list[float]] = {}
-    for events in sorted(run_dir.glob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events))
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            if tag.startswith("learner/") and tag.endswith("loss"):
-                out.setdefault(tag, []).extend(e.value for e in acc.Scalars(tag))
-    return out
 
 
 def test_appo_trains_through_the_stack_on_every_game(tmp_path: Path, deadline: Deadline) -> None:

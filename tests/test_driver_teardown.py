@@ -22,7 +22,7 @@ import pytest
 import ray
 from host_speed import CLUSTER_START_S
 from ray.rllib.algorithms.algorithm import Algorithm
-from test_algos import fingerprints, learner_losses
+from run_artifacts import fingerprints, learner_losses
 
 from infra.topology import Topology
 from training.local.local_endpoints import local_endpoints

@@ -12,8 +12,8 @@ import sys
 import pytest
 from local_runs import PROJECT_ROOT, LocalRun, run_local
 from proc_tree import Deadline
+from run_artifacts import learner_losses
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_algos import learner_losses
 
 # A hang guard, for the module fixture's run (two short iterations and an eval, about a
 # minute idle, up to 5x that beside the Kubernetes tier) with the first test as for each.
