@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -440,6 +441,9 @@ def test_a_disk_that_fills_during_a_pull_is_one_line_naming_to_and_keeps_nothing
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(tarfile.TarFile, "extract", full)
+    # No progress line: on a loaded host the pack's first bytes came after its 2 s, and
+    # `pulling r1: 0.0 MiB` stood before the error (a line a slow pull rightly prints).
+    monkeypatch.setattr("training.runs.transfer.PROGRESS_EVERY_S", math.inf)
     to = tmp_path / "pulled"
     assert runs_main(["pull", "r1", "--endpoints", "unused.json", "--to", str(to), "--latest"]) == 2
     err = capsys.readouterr().err.strip()
