@@ -1,8 +1,6 @@
 """Self-play on the two-player Sumo game, through `uerl local` and the Schola protocol:
 the learner beats a random player and its own first snapshot, its Elo rises, and the
-league (snapshots, ratings) is kept by the checkpoint, evaluated and exported. Both
-evaluations are `uerl eval` runs, one after the other, against one `uerl local serve` of
-the training's topology."""
+league (snapshots, ratings) is kept by the checkpoint, evaluated and exported."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from host_speed import guard
-from local_runs import PROJECT_ROOT, LocalRun, ServedCluster, run_local, run_uerl, serve_local
-from proc_tree import Deadline, StartedProcesses
+from local_runs import PROJECT_ROOT, LocalRun, run_local
+from proc_tree import Deadline
 
 from training.run.checkpoints import read_league, resolve_checkpoint
 
@@ -44,33 +41,17 @@ def trained(tmp_path_factory: pytest.TempPathFactory, module_deadline: Deadline)
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def games(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    started_for_module: StartedProcesses,
-) -> ServedCluster:
-    """The training's topology served once more, for both evaluations; stopped after the
-    module's last test. Set up by the first evaluation, after the training: within that
-    test's time (not `module_deadline`, which counts from the training's start)."""
-    deadline = Deadline.for_item(request.node, request.config)
-    return serve_local(
-        started_for_module, tmp_path_factory.mktemp("sumo-games"), *GAME, "--workers", "2",
-        timeout_s=deadline.left(guard(450)),
-    )  # fmt: skip
-
-
-def evaluate(games: ServedCluster, trained: LocalRun, opponent: str, deadline: Deadline) -> dict:
-    """`uerl eval` to its end: its env runners gone with it, the games are free for the
-    next (an eval refuses games another run's runners hold)."""
+def evaluate(trained: LocalRun, opponent: str, deadline: Deadline) -> dict:
     report = trained.run_dir / f"eval-{opponent.replace(':', '-')}.json"
-    done = run_uerl(
-        "eval", "--endpoints", str(games.endpoints_file),
-        "--checkpoint", str(trained.checkpoints), "--opponent", opponent,
-        "--episodes", "100", "--output", str(report), timeout_s=deadline.left(),
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cli", "local", "eval", *GAME, "--workers", "2",
+         "--checkpoint", str(trained.checkpoints), "--opponent", opponent,
+         "--episodes", "100", "--output", str(report),
+         "--run-dir", str(trained.run_dir / f"eval-{opponent.replace(':', '-')}")],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=deadline.left(),
     )  # fmt: skip
-    print(done.output)
-    assert done.returncode == 0, done.output
+    print(done.stdout)
+    assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(report.read_text())
 
 
@@ -134,22 +115,18 @@ def test_the_league_is_kept_with_the_checkpoint(trained: LocalRun) -> None:
     assert league["rating"] == pytest.approx(elo_by_iteration(trained)[-1])
 
 
-def test_the_learner_beats_a_random_player(
-    trained: LocalRun, games: ServedCluster, deadline: Deadline
-) -> None:
-    report = evaluate(games, trained, "random", deadline)
+def test_the_learner_beats_a_random_player(trained: LocalRun, deadline: Deadline) -> None:
+    report = evaluate(trained, "random", deadline)
     assert report["opponent"] == "random"
     # Six runs of this configuration (`make bench-self-play`, seeds 1-5 and 1 again): net
     # 77 to 94, never a loss; beside the Kubernetes tier as low as 49 (50 won, 1 lost).
     assert_beats(report["learner_results"], most_losses=5)
 
 
-def test_the_learner_beats_its_own_first_snapshot(
-    trained: LocalRun, games: ServedCluster, deadline: Deadline
-) -> None:
+def test_the_learner_beats_its_own_first_snapshot(trained: LocalRun, deadline: Deadline) -> None:
     # Snapshot 0: the learner before it trained (the window still holds it), sampling its
     # actions as it did in the league.
-    report = evaluate(games, trained, "snapshot:0", deadline)
+    report = evaluate(trained, "snapshot:0", deadline)
     assert report["opponent"] == "snapshot 0 (sampled actions)"
     # The six runs above: net 83 to 99, never a loss; beside the Kubernetes tier as low as
     # 32 (32 won, 68 drawn, none lost).
