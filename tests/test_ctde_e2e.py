@@ -2,8 +2,7 @@
 protocol, run by `uerl bench-policies`: it learns, and its checkpoint evaluates and
 exports one actor per agent on that agent's observation. The comparison with
 `independent` at the same step budget is a benchmark, run on demand by `make
-bench-policies` (its table is checked here on given figures). Its refusal on a game whose
-agents act apart is in tests/test_policy_refusals_e2e.py, beside shared's."""
+bench-policies` (its table is checked here on given figures)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from local_runs import PROJECT_ROOT
+from local_runs import PROJECT_ROOT, run_local
 from proc_tree import Deadline, StartedProcesses
 
 # A hang guard, for the module fixture's bench with the first test as for each test: the
@@ -105,3 +104,18 @@ def test_eval_plays_each_agents_actor(bench: Bench, deadline: Deadline) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(json.loads(report.read_text())["policies"]) == ["runner", "spotter"]
+
+
+def test_a_game_whose_agents_act_apart_stops_the_run_with_one_line(
+    tmp_path: Path, deadline: Deadline
+) -> None:
+    # TwoTeams' carts fall on their own while the pendulum swings on; one remote learner,
+    # so a failure inside the learner would come back wrapped in Ray's error.
+    run = run_local(
+        tmp_path / "run", "--env", "uerl/TwoTeams-v0", "--policies", "ctde",
+        "--workers", "1", "--learners", "1", "--iterations", "3", timeout_s=deadline.left(),
+    )  # fmt: skip
+    assert run.returncode == 1, run.output
+    line = "--policies ctde needs every agent to act at every step of an episode"
+    assert "gave up: env runner 1 (" in run.output and line in run.output, run.output
+    assert "Traceback" not in run.output and "RayTaskError" not in run.output, run.output

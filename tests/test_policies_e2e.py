@@ -1,6 +1,5 @@
 """`--policies shared` through `uerl local`: the policy it trains, evaluates and exports, on
-the two-player Sumo game (agents that act on each other). Its refusal on TwoTeams (agents
-with different spaces) is in tests/test_policy_refusals_e2e.py, beside ctde's.
+the two-player Sumo game (agents that act on each other), and its refusal on TwoTeams.
 
 The other configurations' runs: by_type (two policies trained, evaluated and exported) in
 tests/test_eval_e2e.py; independent's mapping in tests/test_policies.py (its policies
@@ -69,3 +68,16 @@ def test_export_writes_one_file_per_trained_policy(sumo: LocalRun, deadline: Dea
     assert done.returncode == 0, done.stderr
     for policy in POLICIES:
         assert f"{policy}.onnx" in done.stdout
+
+
+def test_shared_on_agents_with_different_spaces_is_refused_naming_them(
+    tmp_path, deadline: Deadline
+) -> None:
+    run = run_local(
+        tmp_path, "--env", "uerl/TwoTeams-v0", "--policies", "shared", "--workers", "1",
+        "--learners", "0", "--iterations", "1", timeout_s=deadline.left(),
+    )  # fmt: skip
+    assert run.returncode == 1, run.output
+    assert "--policies shared needs one observation and one action space" in run.output
+    assert "cart_0, cart_1 observe" in run.output and "pendulum_0 observe" in run.output
+    assert "Traceback" not in run.output

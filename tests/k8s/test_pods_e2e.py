@@ -104,10 +104,6 @@ from training.runstore.retention import iteration_of, returns_by_iteration
 # pytest-timeout's limit per test: the longest stage (the bucket run) took minutes. Scaled
 # here: tests/conftest.py scales the limits of tests/*.py only.
 pytestmark = [pytest.mark.k8s, pytest.mark.pods, pytest.mark.timeout(guard(3600))]
-# The bucket's fault schedule (a new image, the store stopped, the learner and the
-# operator lost, the head lost while an upload hangs): 13 of the module's 37 minutes
-# alone, so the second tier's (`make e2e-long`); the gate keeps the claim's schedule.
-LONG = pytest.mark.long
 
 # Stored on the stack's runs claim (`topology.runs`, mounted on the head at /uerl/runs):
 # `uerl train --run-name` with no path flag, as a user runs it.
@@ -1570,7 +1566,6 @@ def bucket_run(
     return BucketRun(run, stored, refused, planted[0] if planted else "not planted")
 
 
-@LONG
 def test_a_bucket_run_ends_succeeded_through_its_fault_schedule(bucket_run: BucketRun) -> None:
     run = bucket_run.run
     assert run.end_problems == [], "\n".join(run.end_problems) + "\n" + run.log[-6000:]
@@ -1590,12 +1585,10 @@ def test_a_bucket_run_ends_succeeded_through_its_fault_schedule(bucket_run: Buck
     assert run.evidence["head images"] == run.hit(NEW_IMAGE).what
 
 
-@LONG
 def test_the_bucket_run_held_its_invariants_the_whole_time(bucket_run: BucketRun) -> None:
     _assert_held_its_invariants(bucket_run.run)
 
 
-@LONG
 def test_the_bucket_holds_every_iteration_once_and_only_whole_checkpoints(
     bucket_run: BucketRun,
 ) -> None:
@@ -1612,7 +1605,6 @@ def test_the_bucket_holds_every_iteration_once_and_only_whole_checkpoints(
     assert not [k for k in stored if PARTIAL_PREFIX in k], stored
 
 
-@LONG
 def test_a_head_lost_while_an_upload_hangs_resumes_from_the_checkpoint_stored_whole(
     bucket_run: BucketRun,
 ) -> None:
@@ -1627,7 +1619,6 @@ def test_a_head_lost_while_an_upload_hangs_resumes_from_the_checkpoint_stored_wh
     assert (after["resumed_from"], after["iteration"]) == (kept, hit.stored_before), after
 
 
-@LONG
 def test_the_store_stopped_30_s_is_said_by_the_mirror_while_training_goes_on(
     bucket_run: BucketRun,
 ) -> None:
@@ -1641,7 +1632,6 @@ def test_the_store_stopped_30_s_is_said_by_the_mirror_while_training_goes_on(
     assert progress(after[stopped:back]), after[stopped:back]
 
 
-@LONG
 def test_a_wrong_bucket_and_wrong_keys_are_refused_at_start_naming_the_field(
     bucket_run: BucketRun,
 ) -> None:
