@@ -857,9 +857,11 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
 SUPERVISED_RUN = "supervised"
 # Room for its three faults: the first after 4-5 iterations (the return has moved by
 # then), each next 1-2 iterations after the one before is over; the run trains on while
-# a replaced supervisor starts and follows (up to 6 iterations here), and some after the
-# last fault.
-SUPERVISED_ITERATIONS = 24
+# a replaced supervisor starts and follows (up to 6 iterations here) and while a deleted
+# worker pod drains, is replaced and samples twice (up to 12: its raylet samples on
+# through its grace period), and some after the last fault. 24 was too few for worker,
+# then head (a CI run: the worker's fault over at iteration 22 of 24).
+SUPERVISED_ITERATIONS = 32
 CLAIM_FAULTS = (HEAD, SUPERVISOR, WORKER)
 CHECKPOINT_EVERY = 2  # both supervised runs' --checkpoint-every
 CHECK_EVERY_S = 3.0  # the checker's rounds
