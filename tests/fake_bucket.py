@@ -7,6 +7,7 @@ semantics (SeaweedFS) are tested in tests/k8s/test_run_storage.py."""
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ class _Upload(io.BytesIO):
 class FakeBucket(fs.FileSystemHandler):
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}  # "bucket/prefix/run/relative" -> data
+        self._lock = threading.Lock()
         self.on_upload: Callable[[str], None] = lambda key: None
         # Runs before every request (a listing, a read, a write, a delete), so a test can
         # fail it as a store would (raise OSError("... 503 ...")).
@@ -117,10 +119,24 @@ class FakeBucket(fs.FileSystemHandler):
     def open_append_stream(self, path: str, metadata: Any) -> Any:
         raise NotImplementedError("S3 has no append")
 
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """A PUT with `If-None-Match: *` (S3Location.put_if_absent): refused when the key
+        is there, as the store's 412; atomic (one thread at a time here)."""
+        self.on_request(key)
+        with self._lock:
+            if key in self.objects:
+                return False
+            self.objects[key] = data
+        self.on_upload(key)
+        return True
+
 
 def install(monkeypatch: pytest.MonkeyPatch) -> FakeBucket:
     """Every S3Location's filesystem is this one bucket in memory (for the test)."""
     fake = FakeBucket()
     filesystem = fs.PyFileSystem(fake)
     monkeypatch.setattr(S3Location, "filesystem", lambda self: filesystem)
+    monkeypatch.setattr(
+        S3Location, "put_if_absent", lambda self, key, data: fake.put_if_absent(key, data)
+    )
     return fake

@@ -1,4 +1,4 @@
-"""One writer per run (issue 54, item 9): a run's lease (`lease.json` in the store) is
+"""One writer per run (issue 54, item 9): a run's lease (`lease/` in the store) is
 taken at the start and renewed while it trains; a second live writer is refused, a dead
 one's lease is taken over, and a new run cannot take a used name. On the claim and in a
 bucket (in memory, tests/fake_bucket.py)."""
@@ -18,12 +18,11 @@ from run_fakes import SavingAlgo, meta
 from infra.endpoints import Endpoints, RunStorage
 from infra.topology import Topology
 from training.run import checkpoints
-from training.runstore import atomic, stored_run
+from training.runstore import atomic, listing, stored_run
 from training.runstore.location import RunStorageError
 from training.runstore.stored_run import StoredRun, open_stored_run
 
 RUN = "r"
-LEASE = "lease.json"
 try:
     from training.runstore import lease
 except ImportError:  # before the fix: the tests fail on what they check, not on this
@@ -53,30 +52,49 @@ def bucket() -> FakeBucket:
     return StoredRun._bucket  # type: ignore[attr-defined,no-any-return]
 
 
-def stored_lease(store: str, tmp_path: Path) -> dict[str, object] | None:
+def lease_texts(store: str, tmp_path: Path) -> dict[int, str]:
+    """The run's lease files' texts, by generation."""
     if store == "bucket":
-        text = bucket().text(f"b/p/{RUN}/{LEASE}")
+        prefix = f"b/p/{RUN}/"
+        found = {
+            listing.lease_generation(key[len(prefix) :]): data.decode()
+            for key, data in bucket().objects.items()
+            if key.startswith(prefix)
+        }
     else:
-        path = tmp_path / "claim" / RUN / LEASE
-        text = path.read_text() if path.is_file() else None
+        found = {
+            listing.lease_generation(path.relative_to(tmp_path / "claim" / RUN).as_posix()):
+            path.read_text()
+            for path in (tmp_path / "claim" / RUN).glob("lease/*")
+        }  # fmt: skip
+    return {generation: text for generation, text in found.items() if generation is not None}
+
+
+def stored_lease(store: str, tmp_path: Path) -> dict[str, object] | None:
+    """The lease a reader takes for the run's (None: released, or none)."""
+    text = listing.held_lease(dict(lease_texts(store, tmp_path)))
     return None if text is None else dict(json.loads(text))
 
 
 def plant_lease(store: str, tmp_path: Path, *, renewed_ago_s: float) -> None:
-    """Another writer's lease, renewed `renewed_ago_s` ago (and not since)."""
+    """Another writer's lease (generation 1), renewed `renewed_ago_s` ago by its clock,
+    and not since."""
     text = json.dumps(
         {
             "holder": "other",
             "host": "head-0",
+            "generation": 1,
+            "beat": 3,
             "renewed_at": time.time() - renewed_ago_s,
             "ttl_s": 0.6,
         }
     )
     if store == "bucket":
-        bucket().objects[f"b/p/{RUN}/{LEASE}"] = text.encode()
+        bucket().objects[f"b/p/{RUN}/{listing.lease_name(1)}"] = text.encode()
     else:
-        (tmp_path / "claim" / RUN).mkdir(parents=True, exist_ok=True)
-        (tmp_path / "claim" / RUN / LEASE).write_text(text)
+        path = tmp_path / "claim" / RUN / listing.lease_name(1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def write_some_of_a_run(stored: StoredRun) -> None:
@@ -134,7 +152,7 @@ def test_the_lease_is_renewed_while_the_run_goes_on(store: str, tmp_path: Path) 
         time.sleep(0.3)
         again = stored_lease(store, tmp_path)
         assert first is not None and again is not None
-        assert float(str(again["renewed_at"])) > float(str(first["renewed_at"]))
+        assert int(str(again["beat"])) > int(str(first["beat"]))  # what a watcher reads
     finally:
         stored.close()
 
@@ -143,7 +161,8 @@ def test_the_lease_is_released_at_the_end(store: str, tmp_path: Path) -> None:
     stored = open_stored_run(endpoints(store, tmp_path), RUN, resume="auto", log=print)
     assert stored_lease(store, tmp_path) is not None
     assert stored.close()
-    assert stored_lease(store, tmp_path) is None
+    assert stored_lease(store, tmp_path) is None  # released: the next writer takes it at once
+    assert len(lease_texts(store, tmp_path)) == 1  # kept: the generations only grow
 
 
 def test_a_save_leaves_another_writers_checkpoint_in_progress_alone(

@@ -31,18 +31,23 @@ from training.runstore import listing
 from training.runstore.location import RunStorageError
 
 ROOT = Path(__file__).resolve().parent.parent
-LEASE = '{"holder": "w", "host": "h", "renewed_at": 1.0, "ttl_s": 60.0}'
+LEASE = (
+    '{"holder": "w", "host": "h", "generation": 1, "beat": 0, "renewed_at": 1.0, "ttl_s": 60.0}'
+)
+LEASE_FILE = listing.lease_name(1)  # the run's writer's (generation 1)
+RELEASED = LEASE.replace("}", ', "released": true}')
 EVENTS = "tensorboard/events.out.tfevents.1"
 
 
 class Training:
     """A run as a training grows it, in a directory store: each step appends to its
     events and metrics and may save a checkpoint; the last one ends the run (its lease
-    deleted, as StoredRun.close does after the last files are stored)."""
+    released, as StoredRun.close does after the last files are stored)."""
 
     def __init__(self, root: Path) -> None:
         self.run = make_run(root, "r1", 1)
-        (self.run / listing.LEASE).write_text(LEASE)
+        (self.run / LEASE_FILE).parent.mkdir()
+        (self.run / LEASE_FILE).write_text(LEASE)
         self.steps: list[Callable[[], None]] = []
 
     def append(self, relative: str, data: bytes) -> Callable[[], None]:
@@ -60,7 +65,7 @@ class Training:
         return step
 
     def end(self) -> None:
-        (self.run / listing.LEASE).unlink()
+        (self.run / LEASE_FILE).write_text(RELEASED)
 
     def sleep(self, seconds: float) -> None:
         assert self.steps, "the follow polled again after the run ended"
@@ -89,7 +94,8 @@ def follows_a_training(store: FollowedStore, training: Training, into: Path) -> 
     (into.parent).mkdir(parents=True, exist_ok=True)
     run_follow(store, training, into)
     assert events.stat().st_ino == inodes[0]  # grown, not replaced
-    assert files(into) == files(training.run)  # the lease gone: the run ended
+    run_files = {rel: data for rel, data in files(training.run).items() if rel != LEASE_FILE}
+    assert files(into) == run_files  # the lease released: the run ended
 
 
 def test_a_directory_stores_run_is_followed_to_its_end(tmp_path: Path) -> None:
@@ -156,7 +162,7 @@ def test_a_buckets_run_is_followed_to_its_end(
     for path in sorted(run.rglob("*")):
         if path.is_file():
             bucket.objects[f"b/p/r1/{path.relative_to(run).as_posix()}"] = path.read_bytes()
-    bucket.objects["b/p/r1/lease.json"] = LEASE.encode()
+    bucket.objects[f"b/p/r1/{LEASE_FILE}"] = LEASE.encode()
     events = f"b/p/r1/{EVENTS}"
 
     def grow() -> None:
@@ -166,7 +172,7 @@ def test_a_buckets_run_is_followed_to_its_end(
         bucket.objects["b/p/r1/logs/ray.log"] = b"started\n"
 
     def end() -> None:
-        del bucket.objects["b/p/r1/lease.json"]
+        bucket.objects[f"b/p/r1/{LEASE_FILE}"] = RELEASED.encode()
 
     steps = [grow, new_file, end]
 
@@ -178,7 +184,8 @@ def test_a_buckets_run_is_followed_to_its_end(
     report = follow(store, "r1", into, interval_s=1, log=print, sleep=sleep)
     assert report.finished and not steps
     copied = {f"b/p/r1/{rel}": data for rel, data in files(into).items()}
-    assert copied == bucket.objects  # the lease gone: the run ended
+    run_files = {key: data for key, data in bucket.objects.items() if "/lease/" not in key}
+    assert copied == run_files  # the lease released: the run ended
 
 
 def test_a_store_that_stops_answering_mid_follow_is_said_and_tried_again(
@@ -186,7 +193,7 @@ def test_a_store_that_stops_answering_mid_follow_is_said_and_tried_again(
 ) -> None:
     bucket: FakeBucket = fake_bucket.install(monkeypatch)
     bucket.objects["b/p/r1/metrics.csv"] = b"iteration\n1\n"
-    bucket.objects["b/p/r1/lease.json"] = LEASE.encode()
+    bucket.objects[f"b/p/r1/{LEASE_FILE}"] = LEASE.encode()
 
     def down(path: str) -> None:
         raise OSError("AWS Error NETWORK_CONNECTION during ListObjectsV2: 503")
@@ -197,7 +204,7 @@ def test_a_store_that_stops_answering_mid_follow_is_said_and_tried_again(
     def back() -> None:
         bucket.on_request = lambda path: None
         bucket.objects["b/p/r1/metrics.csv"] = b"iteration\n1\n2\n"
-        del bucket.objects["b/p/r1/lease.json"]
+        bucket.objects[f"b/p/r1/{LEASE_FILE}"] = RELEASED.encode()
 
     steps = [outage, back]
     lines: list[str] = []
@@ -233,7 +240,8 @@ def test_pack_manifest_and_only_are_what_a_follow_reads_on_the_head(
     assert runs_main(["pack", "r1", "--dir", str(tmp_path), "--manifest"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["lease"] == LEASE and manifest["latest"] == "checkpoint_000001"
-    assert "metrics.csv" in manifest["files"] and listing.LEASE not in manifest["files"]
+    assert "metrics.csv" in manifest["files"]
+    assert not [relative for relative in manifest["files"] if relative.startswith("lease")]
     _, planned = listing.plan(
         tmp_path, "r1", latest_only=False, only=["metrics.csv", "checkpoints/"]
     )

@@ -288,3 +288,68 @@ def test_uerl_runs_names_the_bucket_that_does_not_exist(store: ObjectStore, tmp_
     assert result.stderr.startswith("uerl runs: runs.s3.bucket: bucket 'no-such-runs'"), (
         result.stderr
     )
+
+
+def test_the_stores_conditional_put_creates_a_lease_once_whoever_races_for_it(
+    store: ObjectStore, credentials: None
+) -> None:
+    # The fence's bucket half (training.runstore.lease): SeaweedFS honours If-None-Match,
+    # so of writers creating one lease generation in the same instant exactly one does.
+    where = location(store)
+    key = where.key("race", "lease", "000000001.json")
+    made: list[bool] = []
+    start = threading.Barrier(4, timeout=guard(30))
+
+    def create(who: int) -> None:
+        start.wait()
+        made.append(where.put_if_absent(key, f'{{"holder": "{who}"}}'.encode()))
+
+    racers = [threading.Thread(target=create, args=(who,)) for who in range(4)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(guard(60))
+    assert sorted(made) == [False, False, False, True]
+    assert where.put_if_absent(key, b"again") is False
+    with store.filesystem().open_input_stream(key) as stream:
+        holder = stream.read().decode()
+    assert holder in [f'{{"holder": "{who}"}}' for who in range(4)]
+
+
+def test_a_paused_writer_stores_nothing_once_another_took_its_bucket_run(
+    store: ObjectStore, credentials: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.runstore import lease, stored_run
+    from training.runstore.lease import LeaseLost
+
+    monkeypatch.setattr(lease, "TTL_S", 1.0)
+    monkeypatch.setattr(lease, "RENEW_S", 0.2)
+    monkeypatch.setattr(lease, "WATCH_S", 0.2)
+    endpoints = Topology().endpoints().model_copy(update={"runs": runs(store)})
+
+    def open_on(head: str) -> stored_run.StoredRun:
+        monkeypatch.setattr(stored_run, "staging_root", lambda: tmp_path / head)
+        opened = stored_run.open_stored_run(endpoints, "fenced", resume="auto", log=print)
+        assert opened.lease is not None
+        opened.lease.end_process = lambda status: None
+        return opened
+
+    a = open_on("head-a")
+    assert a.lease is not None and a.lease._thread is not None
+    a.lease._stop.set()  # A pauses past its TTL
+    a.lease._thread.join()
+    b = open_on("head-b")
+    write_run(b.run_dir, (1,))
+    b.sync()
+    assert b.mirror is not None and b.mirror.wait_idle(guard(30))
+    write_run(a.run_dir, (1, 2))  # A wakes and writes on
+    a.sync()  # its mirror reads the store's generations first: not one upload
+    assert a.mirror is not None and a.mirror.wait_idle(guard(30))
+    with pytest.raises(LeaseLost):
+        a.fence()  # and the run's next write is refused
+    assert not a.close()
+    assert b.close()
+    assert "checkpoints/checkpoint_000002/uerl.json" not in stored_keys(store, "fenced")
+    assert [k for k in stored_keys(store, "fenced") if k.startswith("lease/")] == [
+        "lease/000000002.json"
+    ]

@@ -114,6 +114,7 @@ def main(argv: Sequence[str]) -> int:
                 stop=stop,
                 prog=PROG,
                 store=stored.sync if stored is not None else None,
+                fence=stored.fence if stored is not None else None,
             )
     except BaseException:
         if stored is not None:

@@ -62,9 +62,12 @@ def save(
     game: GameSpec | None = None,
     league: League | None = None,
     timings: dict[str, float] | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> Path:
     """`timings`, when given, gets `state_s` (RLlib gathering and writing the
-    algorithm's state) and `total_s` (that, and making the checkpoint whole and named)."""
+    algorithm's state) and `total_s` (that, and making the checkpoint whole and named).
+    `fence` (the run's lease) is called right before the checkpoint is named and before
+    `latest` names it: a writer that lost the run leaves only its hidden partial."""
     started = time.monotonic()
     path = directory / f"checkpoint_{meta.iteration:06d}"
     atomic.remove_leftovers(directory)  # of a save a lost pod or a full volume cut short
@@ -80,6 +83,10 @@ def save(
             (partial / GAME).write_text(game.to_json())
         if league is not None:
             (partial / LEAGUE).write_text(league.to_json())
+        if fence is not None:
+            fence()
+    if fence is not None:
+        fence()
     atomic.write_text(directory / LATEST, path.name)
     if timings is not None:
         timings.update(state_s=state_s, total_s=time.monotonic() - started)

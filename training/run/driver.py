@@ -89,15 +89,20 @@ def run_training(
     stop: StopRequest | None = None,
     log: Log = print_line,
     store: Callable[[], float | None] | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> TrainResult:
     """Train against `endpoints`; Ray is connected here and disconnected on return.
     Ray's and RLlib's own output goes to `<run_dir>/logs/ray.log` (and, with
     `options.verbose`, to the console as Ray prints it). `store` is called after each
-    iteration's artefacts are written, and after the last ones."""
+    iteration's artefacts are written, and after the last ones; `fence` before each
+    write of the run (the run's lease: LeaseLost once another writer holds it)."""
     store = store or _in_place
+    fence = fence or _unfenced
     try:
         with RayConsole(options.run_dir / RAY_LOG_NAME, verbose=options.verbose) as console:
-            return _run_training(endpoints, options, console, stop=stop, log=log, store=store)
+            return _run_training(
+                endpoints, options, console, stop=stop, log=log, store=store, fence=fence
+            )
     finally:
         store()
 
@@ -105,6 +110,10 @@ def run_training(
 def _in_place() -> float | None:
     """No run store: the run directory is where the run is kept, whole at once."""
     return time.time()
+
+
+def _unfenced() -> None:
+    """No run store: no other writer to fence off."""
 
 
 def _run_training(
@@ -115,6 +124,7 @@ def _run_training(
     stop: StopRequest | None,
     log: Log,
     store: Callable[[], float | None],
+    fence: Callable[[], None],
 ) -> TrainResult:
     import ray
 
@@ -169,7 +179,7 @@ def _run_training(
         try:
             result = _loop(
                 algo, options, stop, log, board, game,
-                _rescaler(algo, endpoints, game, options, log), store, published,
+                _rescaler(algo, endpoints, game, options, log), store, published, fence,
             )  # fmt: skip
         finally:
             published.close()
@@ -180,6 +190,7 @@ def _run_training(
             del algo
             gc.collect()
         # Everything the run leaves is written before Ray is let go: teardown comes last.
+        fence()
         result.csv_path, result.png_path = _write_artefacts(options, result.rows)
     finally:
         ray.shutdown()
@@ -286,6 +297,7 @@ def _loop(
     rescaler: Rescaler | None = None,
     store: Callable[[], float | None] = _in_place,
     published: DriverMetrics | None = None,
+    fence: Callable[[], None] = _unfenced,
 ) -> TrainResult:
     result = TrainResult()
     rows, previous = _resume(algo, options, log)
@@ -312,6 +324,7 @@ def _loop(
             previous = row.env_steps_total
             rows.append(row)
             log(metrics.progress_line(row))
+            fence()  # the run still this writer's: nothing is written otherwise
             # Each iteration's row is stored as it is made: a lost head keeps them all.
             metrics.write_csv(options.run_dir / CSV_NAME, rows)
             tensorboard.write(row, train_result, board.fresh_reports())
@@ -323,7 +336,7 @@ def _loop(
                 )
             if row.iteration % options.checkpoint_every == 0:
                 timings: dict[str, float] = {}
-                result.checkpoint = _save(algo, options, row, game, league, timings)
+                result.checkpoint = _save(algo, options, row, game, league, timings, fence)
                 last_saved = row.iteration
                 log(_saved_line(result.checkpoint, timings))
                 if published is not None:
@@ -335,7 +348,7 @@ def _loop(
         result.failure = stop.failure
         newest = result.checkpoint
         result.checkpoint = _final_checkpoint(
-            algo, options, rows, last_saved, result.checkpoint, game, league
+            algo, options, rows, last_saved, result.checkpoint, game, league, fence
         )
         if published is not None and result.checkpoint != newest:
             published.checkpoint_written()
@@ -452,11 +465,12 @@ def _final_checkpoint(
     checkpoint: Path | None,
     game: GameSpec | None,
     league: LeagueDriver | None,
+    fence: Callable[[], None] = _unfenced,
 ) -> Path | None:
     """After the loop: save the last iteration unless it is saved already; a resumed run
     that had no iteration left to train reports the newest checkpoint."""
     if rows and rows[-1].iteration != last_saved:
-        return _save(algo, options, rows[-1], game, league)
+        return _save(algo, options, rows[-1], game, league, fence=fence)
     if rows and checkpoint is None:
         return checkpoints.resolve(checkpoints.LATEST, options.checkpoint_dir)
     return checkpoint
@@ -511,6 +525,7 @@ def _save(
     game: GameSpec | None,
     league: LeagueDriver | None = None,
     timings: dict[str, float] | None = None,
+    fence: Callable[[], None] = _unfenced,
 ) -> Path:
     from training.rllib.algorithm import path_of
 
@@ -529,6 +544,7 @@ def _save(
         game=game,
         league=league.league if league else None,
         timings=timings,
+        fence=fence,
     )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from infra.endpoints import Endpoints
 from training.run.driver import TrainOptions, TrainResult, run_training
 from training.run.stop import StopRequest
+from training.runstore.lease import LeaseLost
 
 # Where a failure that is no user error leaves its traceback (its message names it).
 TRACEBACK_NAME = "traceback.txt"
@@ -25,13 +26,18 @@ def train_and_report(
     stop: StopRequest,
     prog: str,
     store: Callable[[], float | None] | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> int:
     """Run the training code path; failures become one clear message and an exit code.
-    `store`: called whenever the run wrote artefacts (a bucket's mirror uploads them)."""
+    `store`: called whenever the run wrote artefacts (a bucket's mirror uploads them);
+    `fence`: before each write (the run's lease)."""
     from training.run.failures import describe
 
     try:
-        result = run_training(endpoints, options, stop=stop, store=store)
+        result = run_training(endpoints, options, stop=stop, store=store, fence=fence)
+    except LeaseLost as exc:  # another writer's run now: no traceback written into it
+        print(f"{prog}: {exc}", file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: aborted by {stop.signal_name or 'KeyboardInterrupt'}", file=sys.stderr)
         return 130

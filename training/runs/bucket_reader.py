@@ -18,7 +18,11 @@ from training.runstore.listing import (
     LEASE,
     META,
     RunSummary,
+    held_lease,
     hidden,
+    is_lease,
+    lease_generation,
+    lease_name,
     read_checkpoint_meta,
     wanted,
 )
@@ -50,6 +54,22 @@ class BucketRuns:
                 return str(stream.read().decode().strip())
         except FileNotFoundError:
             return None
+
+    def _lease(self, s3: Any, name: str) -> str | None:
+        """The run's lease as a reader takes it (listing.held_lease): its newest
+        generation's text, None once released or when there is none."""
+        from pyarrow import fs
+
+        selector = fs.FileSelector(self.location.key(name, LEASE), allow_not_found=True)
+        generations = [
+            generation
+            for info in s3.get_file_info(selector)
+            if (generation := lease_generation(f"{LEASE}/{info.base_name}")) is not None
+        ]
+        if not generations:
+            return None
+        newest = max(generations)
+        return held_lease({newest: self._read(s3, name, lease_name(newest))})
 
     def _files(self, s3: Any, name: str) -> Iterator[tuple[str, Any]]:
         from pyarrow import fs
@@ -140,14 +160,14 @@ class BucketRuns:
         it after storing its last files: read absent, the files listed are the last)."""
         try:
             s3 = self._fs()
-            lease = self._read(s3, name, LEASE)
+            lease = self._lease(s3, name)
             latest = self._read(s3, name, CHECKPOINTS, LATEST) or None
             files = {
                 relative: StoredFile(
                     info.size or 0, None if info.mtime is None else info.mtime.timestamp()
                 )
                 for relative, info in self._files(s3, name)
-                if relative != LEASE
+                if not is_lease(relative)
             }
         except OSError as exc:
             raise failure(exc, self.location) from None

@@ -6,9 +6,9 @@ and its writer's lease), copies what is new or changed, and waits `interval_s`. 
 that grew by appending (TensorBoard's event files, the logs) is grown in place, so a
 TensorBoard that has it open reads on; another change replaces it whole (renamed over
 it). Nothing of the copy is ever deleted: a checkpoint the run's retention pruned, or a
-file of the user's own, stays. The follow ends when the run has: its writer deletes its
-lease (`lease.json`) after storing its last files, so a poll that finds no lease copies
-those and ends.
+file of the user's own, stays. The follow ends when the run has: its writer releases its
+lease (`lease/`, training.runstore.lease) after storing its last files, so a poll that
+finds it released copies those and ends.
 """
 
 from __future__ import annotations

@@ -25,7 +25,42 @@ from training.runstore.atomic import PARTIAL_PREFIX
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 META = "uerl.json"  # training.run.checkpoints.META
-LEASE = "lease.json"  # the run's writer (training.runstore.lease), not a file of the run
+# The run's writers' leases (training.runstore.lease), not files of the run: one file per
+# generation, `lease/000000007.json`, the highest the one that counts.
+LEASE = "lease"
+LEGACY_LEASE = "lease.json"  # a run stored before the leases had generations
+
+
+def is_lease(relative: str) -> bool:
+    """Whether the run's file at `relative` is a lease, not a file of the run."""
+    return relative == LEGACY_LEASE or relative.split("/", 1)[0] == LEASE
+
+
+def lease_name(generation: int) -> str:
+    return f"{LEASE}/{generation:09d}.json"
+
+
+def lease_generation(relative: str) -> int | None:
+    """The generation of the lease at `relative` (as `lease_name` names it), else None."""
+    head, _, name = relative.partition("/")
+    stem = name.removesuffix(".json")
+    if head != LEASE or "/" in name or not name.endswith(".json") or not stem.isdigit():
+        return None
+    return int(stem)
+
+
+def held_lease(texts: dict[int, str | None]) -> str | None:
+    """What a reader takes for the run's lease, from its leases' texts by generation: the
+    newest's text while its writer holds it; None once that writer released it (the run
+    has ended) or when there is none."""
+    if not texts:
+        return None
+    text = texts[max(texts)]
+    try:
+        released = text is None or bool(json.loads(text).get("released"))
+    except (ValueError, AttributeError):
+        released = False  # damaged: a writer may still hold it
+    return None if released else text
 
 
 @dataclass(frozen=True)
@@ -55,7 +90,7 @@ def hidden(relative: str) -> bool:
 def wanted(relative: str, latest: str | None, *, latest_only: bool) -> bool:
     """Whether a pull takes the run's file at `relative` (a POSIX path in the run):
     never a partial write or the lease; with `latest_only`, no checkpoint but the latest."""
-    if hidden(relative) or relative == LEASE:
+    if hidden(relative) or is_lease(relative):
         return False
     if not latest_only or not relative.startswith(f"{CHECKPOINTS}/"):
         return True
@@ -168,16 +203,26 @@ def manifest(root: Path, name: str) -> dict[str, Any]:
     run_dir = root / name
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run {name!r} in {root}")
-    try:
-        lease: str | None = (run_dir / LEASE).read_text()
-    except FileNotFoundError:
-        lease = None
+    lease = held_lease(_lease_texts(run_dir))
     files = {
         relative: [stat.st_size, stat.st_mtime]
         for relative, stat in _files(run_dir)
-        if relative != LEASE
+        if not is_lease(relative)
     }
     return {"lease": lease, "latest": _latest(run_dir), "files": files}
+
+
+def _lease_texts(run_dir: Path) -> dict[int, str | None]:
+    texts: dict[int, str | None] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for path in (run_dir / LEASE).iterdir():
+            generation = lease_generation(f"{LEASE}/{path.name}")
+            if generation is not None:
+                try:
+                    texts[generation] = path.read_text()
+                except FileNotFoundError:  # an older one, removed by the newest's writer
+                    continue
+    return texts
 
 
 def selected(relative: str, only: Collection[str] | None) -> bool:

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -33,6 +34,7 @@ from infra.endpoints import RunStorage
 from infra.topology import JOB_STOP_GRACE_S
 from training.runstore import atomic, attempts
 from training.runstore.atomic import PARTIAL_PREFIX
+from training.runstore.lease import LeaseLost
 from training.runstore.listing import (
     CHECKPOINTS,
     LATEST,
@@ -68,6 +70,10 @@ CLOSE_TIMEOUT_S = JOB_STOP_GRACE_S / 2
 
 Log = Callable[[str], None]
 T = TypeVar("T")
+
+
+def _unfenced(*, store: bool = True) -> None:
+    """No lease to check (a mirror of tests and benchmarks)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,44 @@ class S3Location:
             options["endpoint_override"] = url.netloc
             options["scheme"] = url.scheme
         return fs.S3FileSystem(**options)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Stores `data` at `key` (a `filesystem()` path: `bucket/...`) unless an object is
+        there: one PUT with `If-None-Match: *`, which the store refuses (412) when the key
+        exists; True when this PUT made it. The run's lease needs it
+        (training.runstore.lease); pyarrow's filesystem cannot send it, so obstore (the
+        Rust object_store's client, which reads the same AWS_* variables) does, once:
+        a timed-out PUT is not retried (a retry of one that landed would be refused)."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
+
+        bucket, _, name = key.partition("/")
+        config: dict[str, Any] = {"region": self.region or "us-east-1", "conditional_put": "etag"}
+        if self.endpoint is not None:
+            config["endpoint"] = self.endpoint
+        store = obstore.store.S3Store(
+            bucket,
+            config=config,
+            client_options={
+                "allow_http": True,
+                "connect_timeout": f"{CONNECT_TIMEOUT_S:g}s",
+                "timeout": f"{REQUEST_TIMEOUT_S:g}s",
+            },
+            retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=0)},
+        )
+        try:
+            obstore.put(store, name, data, mode="create")
+        except (AlreadyExistsError, PreconditionError):
+            return False
+        except NotSupportedError:
+            raise NotImplementedError(
+                f"{FIELD}: {self.uri()}: the store does not take conditional writes "
+                "(If-None-Match), which the run's lease needs; use a store that does "
+                "(AWS S3, SeaweedFS, MinIO) or a claim"
+            ) from None
+        except Exception as exc:  # obstore's errors are no OSError: the callers' outage
+            raise OSError(f"{type(exc).__name__}: {exc}") from None
+        return True
 
 
 def explain(exc: BaseException, location: S3Location) -> str:
@@ -357,12 +401,16 @@ class Mirror:
         *,
         clock: Callable[[], float] = time.monotonic,
         stored_checkpoints: set[str] | None = None,
+        fence: Callable[..., None] = _unfenced,
     ) -> None:
         self.location = location
         self.run_name = run_name
         self.local = local
         self.log = log
         self._clock = clock
+        # The run's lease (training.runstore.lease.Lease.check): LeaseLost once another
+        # writer holds the run; `store=True` reads the store's generations first.
+        self._fence = fence
         self._uploaded: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime)
         self._uploaded_at: dict[str, float] = {}  # relative path -> when (clock)
         self._uploaded_pointer: str | None = None  # what the stored `latest` says
@@ -415,6 +463,10 @@ class Mirror:
         self._thread.join(CLOSE_TIMEOUT_S if timeout_s is None else timeout_s)
         if self._s3 is None:
             return  # nothing was uploaded
+        try:
+            self._fence(store=True)
+        except (LeaseLost, OSError):
+            return  # another writer's run now, or a store away: what it holds stays
         for relative in sorted(self._uploaded):
             try:
                 self._s3.delete_file(self.location.key(self.run_name, relative))
@@ -451,6 +503,10 @@ class Mirror:
             started = time.time()
             try:
                 self._upload_changed()
+            except LeaseLost as exc:  # another writer's run now: not one more write
+                self.last_error = f"the run's lease was lost: {exc}"
+                self._idle.set()
+                return
             except Exception as exc:
                 # A store that does not answer, or any other failure of a round (a bug
                 # here, a file the driver replaced mid-upload): said at once, retried as
@@ -548,6 +604,7 @@ class Mirror:
 
         if self._s3 is None:
             self._s3 = self.location.filesystem()
+        self._fence(store=True)
         self._list_stored_checkpoints()
         # Retention's deletions first: after an outage the round uploads every checkpoint
         # saved meanwhile, and the bucket need not hold the old ones beside them.
@@ -565,6 +622,7 @@ class Mirror:
                 assert named is not None
                 if f"{CHECKPOINTS}/{named}/{META}" not in self._uploaded:
                     continue  # not stored (re-saved while listed): the next round
+                self._fence(store=True)
                 with self._s3.open_output_stream(self.location.key(self.run_name, pointer)) as out:
                     out.write(named.encode())
                 self._uploaded_pointer = named
@@ -575,6 +633,7 @@ class Mirror:
                     "beside the training)"
                 )
                 continue
+            self._fence(store=False)
             try:
                 fs.copy_files(
                     str(self.local / relative),
@@ -646,6 +705,8 @@ class Mirror:
             stored |= {rel.split("/")[1] for rel in self._uploaded if _is_meta(rel)}
             self._stored_checkpoints = stored
             doomed = sorted(self._removed - {self._uploaded_pointer})
+        if doomed:
+            self._fence(store=True)
         files = stored_files(self._s3, self.location, self.run_name) if doomed else {}
         for name in doomed:
             ours = [rel for rel in files if rel.startswith(f"{CHECKPOINTS}/{name}/")]

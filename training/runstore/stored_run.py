@@ -16,9 +16,8 @@ from pathlib import Path
 
 from infra.endpoints import Endpoints
 from training.runstore import atomic, retention
-from training.runstore.lease import FILE as LEASE
 from training.runstore.lease import FileLease, Lease, ObjectLease
-from training.runstore.listing import CHECKPOINTS, hidden
+from training.runstore.listing import CHECKPOINTS, LEASE, hidden, is_lease
 from training.runstore.location import (
     FIELD,
     RunStorageError,
@@ -65,6 +64,7 @@ class StoredRun:
         in the background; a volume: it is there). Returns the time (Unix) up to which
         the store holds what the run wrote: now on a volume; a bucket's last round's
         start (None before its first)."""
+        self.fence()
         if self.keep_checkpoints is not None:
             stored = self.mirror.stored_checkpoints() if self.mirror is not None else set()
             removed = retention.prune(self.run_dir, self.keep_checkpoints, stored)
@@ -75,6 +75,14 @@ class StoredRun:
             return time.time()
         self.mirror.sync()
         return self.mirror.stored_through
+
+    def fence(self) -> None:
+        """LeaseLost (training.runstore.lease) once another writer holds the run: called
+        before each write of the run. On a claim the store is read each time (a directory
+        listing); a bucket run writes its staging here, and its mirror reads the store
+        before it uploads or deletes."""
+        if self.lease is not None:
+            self.lease.check(store=self.mirror is None)
 
     def _check_room(self) -> None:
         """Says when the volume the run is written to runs low (once, until it has room
@@ -106,9 +114,11 @@ class StoredRun:
     def discard(self) -> None:
         """Ends a fresh run whose start failed before it recorded anything: what the
         start wrote (its logs) is removed, from the bucket too, while the lease is held;
-        then the lease is released and the directory removed, so no run is listed under
+        then the lease is deleted and the directory removed, so no run is listed under
         the name and the name can be given again."""
         assert self.fresh, "only a run this start began"
+        if self.lease is not None and self.lease.lost is not None:
+            return  # another writer's run now: what is there is its
         if self.mirror is not None:
             self.mirror.abandon()
         for entry in list(self.run_dir.iterdir()) if self.run_dir.is_dir() else []:
@@ -119,7 +129,9 @@ class StoredRun:
             else:
                 entry.unlink(missing_ok=True)
         if self.lease is not None:
-            self.lease.release()
+            self.lease.discard()
+        with contextlib.suppress(OSError):  # a bucket run's staging has none
+            (self.run_dir / LEASE).rmdir()
         with contextlib.suppress(OSError):  # not empty: another writer took the name since
             self.run_dir.rmdir()
 
@@ -182,10 +194,14 @@ def open_stored_run(
         )
     except OSError as exc:
         raise failure(exc, location) from None
-    if resume is None and set(stored) - {LEASE}:
+    if resume is None and any(not is_lease(relative) for relative in stored):
         _refuse_used_name(run_name, location.uri(run_name))
     local = staging_root() / run_name
-    lease = Lease(ObjectLease(s3, location.key(run_name, LEASE)), f"--run-name {run_name}", log)
+    lease = Lease(
+        ObjectLease(s3, location.key(run_name), location.put_if_absent),
+        f"--run-name {run_name}",
+        log,
+    )
     _take(lease, local, resume=resume)
     try:
         restored = resume is not None and restore(location, run_name, local, log)
@@ -198,7 +214,14 @@ def open_stored_run(
         lease.release()
         raise
     # What an earlier attempt stored: retention goes on from there.
-    mirror = Mirror(location, run_name, local, log, stored_checkpoints=stored_checkpoints(stored))
+    mirror = Mirror(
+        location,
+        run_name,
+        local,
+        log,
+        stored_checkpoints=stored_checkpoints(stored),
+        fence=lease.check,
+    )
     return StoredRun(
         local,
         location.uri(run_name),
@@ -206,7 +229,7 @@ def open_stored_run(
         lease=lease,
         keep_checkpoints=runs.keep_checkpoints,
         log=log,
-        fresh=not set(stored) - {LEASE},
+        fresh=all(is_lease(relative) for relative in stored),
     )
 
 
@@ -215,7 +238,7 @@ def _holds_a_run(run_dir: Path) -> bool:
     if not run_dir.is_dir():
         return False
     return any(
-        path.is_file() and not hidden(rel) and rel != LEASE
+        path.is_file() and not hidden(rel) and not is_lease(rel)
         for path in run_dir.rglob("*")
         for rel in [path.relative_to(run_dir).as_posix()]
     )
