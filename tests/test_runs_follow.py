@@ -31,9 +31,7 @@ from training.runstore import listing
 from training.runstore.location import RunStorageError
 
 ROOT = Path(__file__).resolve().parent.parent
-LEASE = (
-    '{"holder": "w", "host": "h", "generation": 1, "beat": 0, "renewed_at": 1.0, "ttl_s": 60.0}'
-)
+LEASE = '{"holder": "w", "host": "h", "generation": 1, "beat": 0, "renewed_at": 1.0, "ttl_s": 60.0}'
 LEASE_FILE = listing.lease_name(1)  # the run's writer's (generation 1)
 RELEASED = LEASE.replace("}", ', "released": true}')
 EVENTS = "tensorboard/events.out.tfevents.1"

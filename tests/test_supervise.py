@@ -51,6 +51,7 @@ class Head:
         self.record_jobs: list[str] = []
         self.record_failures = 0  # record jobs that fail first (a store down a moment)
         self.logs: dict[str, str] = {}
+        self.metadata: dict[str, dict[str, str]] = {}  # what each job was submitted with
         self.failed_message = "Job entrypoint command failed with exit code 1, last logs: x"
         # Characters of each job's log sent, each way: (way, job) -> count.
         self.served: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -75,6 +76,7 @@ class Head:
             self.logs[job_id] = f'uerl-record: {{"last_attempt": {self.stored_last_attempt}}}\n'
             return str(job_id)
         self.submitted.append(kwargs)
+        self.metadata[job_id] = dict(kwargs.get("metadata") or {})
         self.jobs[job_id] = list(self.scripts.get(job_id, ["SUCCEEDED"]))
         return str(job_id)
 
@@ -112,7 +114,8 @@ class Head:
             SimpleNamespace(
                 submission_id=job_id,
                 status=statuses[0],
-                metadata={"uerl_run": job_id.rsplit("-", 1)[0].removeprefix("uerl-")},
+                metadata=self.metadata.get(job_id)
+                or {"uerl_run": job_id.rsplit("-", 1)[0].removeprefix("uerl-")},
             )
             for job_id, statuses in self.jobs.items()
         ]
@@ -208,6 +211,37 @@ def test_a_run_stopped_by_a_person_ends_the_supervisor() -> None:
     assert len(head.submitted) == 1
 
 
+def test_a_new_supervised_job_of_an_ended_run_carries_it_on_its_replaced_pod_does_not() -> None:
+    # Before: any supervisor finding the run's newest job SUCCEEDED exited 0 without
+    # training, so a new Job (more --iterations, after `ray job stop`) did nothing.
+    head = Head({"uerl-r1-1": ["SUCCEEDED"], "uerl-r1-2": ["RUNNING", "SUCCEEDED"]})
+    first, _ = supervisor(head, Clock(), supervision="job-uid-a")
+    assert first.run() == 0
+    replaced, lines = supervisor(head, Clock(), supervision="job-uid-a")  # its pod replaced
+    assert replaced.run() == 0
+    assert [s["submission_id"] for s in head.submitted] == ["uerl-r1-1"]
+    assert "attempt 1 already ended SUCCEEDED" in lines[-1]
+    new_job, lines = supervisor(head, Clock(), supervision="job-uid-b")
+    assert new_job.run() == 0
+    assert [s["submission_id"] for s in head.submitted] == ["uerl-r1-1", "uerl-r1-2"]
+    second = head.submitted[1]
+    assert second["metadata"]["uerl_supervision"] == "job-uid-b"
+    assert second["runtime_env"]["env_vars"]["UERL_ATTEMPT_REASON"] == (
+        "a new supervision of the run (attempt 1 had ended SUCCEEDED)"
+    )
+
+
+def test_the_supervisor_job_tells_its_pods_their_jobs_uid() -> None:
+    job = supervisor_job.build(
+        Topology().endpoints(), HEAD_POD, "r1", ["--iterations", "10"], max_restarts=3
+    )
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    [supervision] = [e for e in container["env"] if e["name"] == "UERL_SUPERVISION"]
+    assert supervision["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['batch.kubernetes.io/controller-uid']"
+    )
+
+
 def test_restarts_are_bounded() -> None:
     head = Head({f"uerl-r1-{n}": ["FAILED"] for n in range(1, 10)})
     sup, lines = supervisor(head, Clock(), max_restarts=3)
@@ -290,6 +324,36 @@ def test_a_record_that_could_not_be_read_once_is_read_again_not_numbered_from_1(
     assert len(head.record_jobs) == 2
     assert [s["submission_id"] for s in head.submitted] == ["uerl-r1-4"]
     assert any("the run's record could not be read" in line for line in lines)
+
+
+def test_a_record_that_cannot_be_read_for_the_head_wait_gives_up_never_numbering_from_1() -> None:
+    # Before: after 3 tries the supervisor numbered the attempts from 1 again (a second
+    # "attempt": 1 in attempts.jsonl, a job id used twice).
+    head = Head({})
+    head.stored_last_attempt = 3
+    head.record_failures = 10**6  # the store down for good
+    sup, lines = supervisor(head, Clock(limit_s=4 * 3600), head_wait_s=600)
+    assert sup.run() == 1
+    assert head.submitted == []
+    assert "a new attempt would number the run's attempts again; giving up" in lines[-1]
+
+
+def test_a_record_whose_log_was_lost_is_read_again_not_numbered_from_1() -> None:
+    head = Head({"uerl-r1-4": ["RUNNING", "SUCCEEDED"]})
+    head.stored_last_attempt = 3
+    served = head.get_job_logs
+
+    def get_job_logs(job_id: str) -> str:
+        if job_id == head.record_jobs[0]:  # the first record job SUCCEEDED, its log lost
+            raise ConnectionError("the head's answer was lost")
+        return served(job_id)
+
+    head.get_job_logs = get_job_logs  # type: ignore[method-assign]
+    sup, lines = supervisor(head, Clock(limit_s=3600))
+    assert sup.run() == 0
+    assert len(head.record_jobs) == 2
+    assert [s["submission_id"] for s in head.submitted] == ["uerl-r1-4"]
+    assert any("its log could not be read" in line for line in lines), lines
 
 
 def claim_endpoints(root: Path) -> Path:
@@ -574,7 +638,7 @@ def test_a_supervisor_that_ends_otherwise_is_replaced_within_the_backoff_limit()
 
 def test_the_supervisor_is_given_the_ray_apis_token_from_the_stacks_secret() -> None:
     [container] = job()["spec"]["template"]["spec"]["containers"]
-    assert container["env"] == [
+    assert [e for e in container["env"] if e["name"] == "RAY_AUTH_TOKEN"] == [
         {"name": "RAY_AUTH_TOKEN",
          "valueFrom": {"secretKeyRef": {"name": "uerl", "key": "auth_token"}}}
     ]  # fmt: skip
@@ -583,7 +647,8 @@ def test_the_supervisor_is_given_the_ray_apis_token_from_the_stacks_secret() -> 
 def test_a_stack_whose_ray_asks_for_no_token_gives_the_supervisor_none() -> None:
     endpoints = Topology.parse({"ray": {"auth": {"mode": "disabled"}}}).endpoints()
     made = supervisor_job.build(endpoints, HEAD_POD, "first", [], max_restarts=4)
-    assert made["spec"]["template"]["spec"]["containers"][0]["env"] == []
+    env = made["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e for e in env if e["name"] == "RAY_AUTH_TOKEN"] == []
 
 
 def test_a_refused_token_ends_the_supervisor_at_once_as_bad_input() -> None:

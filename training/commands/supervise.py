@@ -15,6 +15,7 @@ attempt it followed goes on).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from training.commands.arg_types import (
     parse_for,
     run_name,
 )
+from training.runstore.attempts import SUPERVISION_VARIABLE
 from training.runstore.location import RUN_NAME_LIMITS
 
 PROG = "uerl supervise"
@@ -136,6 +138,8 @@ def main(argv: Sequence[str]) -> int:
         log=log,
         tail_logs=LogTail,
         max_restarts=args.max_restarts,
+        # Its Job's uid, in a supervisor Job's pod; unset when run by hand.
+        supervision=os.environ.get(SUPERVISION_VARIABLE) or None,
     )
     # Its pod deleted: as the container's first process it would ignore SIGTERM (no
     # default action for PID 1) and go on beside the pod the Job makes in its place.

@@ -17,6 +17,9 @@ from training.runstore import atomic
 FILE = "attempts.jsonl"
 ATTEMPT_VARIABLE = "UERL_ATTEMPT"  # training.supervise.supervisor sets these
 REASON_VARIABLE = "UERL_ATTEMPT_REASON"
+# The supervision an attempt is part of: its supervisor Job's uid (the pod's
+# `batch.kubernetes.io/controller-uid` label, through the downward API).
+SUPERVISION_VARIABLE = "UERL_SUPERVISION"
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:

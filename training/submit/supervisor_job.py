@@ -23,6 +23,11 @@ from infra.manifests import pod_security
 from infra.manifests.pod_security import RAY_GID, RAY_UID
 from infra.topology import SUPERVISOR_APP
 from training.ray_auth.token_client import RAY_AUTH_TOKEN_ENV, RAY_AUTH_TOKEN_KEY
+from training.runstore.attempts import SUPERVISION_VARIABLE
+
+# The label the Job controller gives each pod of a Job: the Job's uid.
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+JOB_UID_FIELD = f"metadata.labels['{JOB_UID_LABEL}']"
 
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 RUN_LABEL = "uerl.dev/run"
@@ -144,7 +149,16 @@ def build(
                 ],
                 # The token the head's job API asks for, from the Secret KubeRay gives
                 # the Ray pods (never in the Job's spec).
-                "env": _token_env(endpoints),
+                "env": [
+                    *_token_env(endpoints),
+                    # Its supervision: the Job's uid, the same in each pod it replaces.
+                    {
+                        "name": SUPERVISION_VARIABLE,
+                        "valueFrom": {
+                            "fieldRef": {"fieldPath": f"metadata.labels['{JOB_UID_LABEL}']"}
+                        },
+                    },
+                ],
                 "resources": {
                     "requests": {"cpu": "50m", "memory": "256Mi"},
                     "limits": {"memory": "512Mi"},

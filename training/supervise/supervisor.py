@@ -42,6 +42,9 @@ from training.supervise import record
 
 RUN_METADATA = "uerl_run"  # the job metadata naming the run an attempt belongs to
 RECORD_METADATA = "uerl_record_of"  # ... and the run a job reading its record is for
+# ... and the supervision that submitted it: the supervisor Job's uid, which its replaced
+# pods share and a new Job of the same run does not.
+SUPERVISION_METADATA = "uerl_supervision"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 BAD_INPUT = 2
 POLL_S = 5.0
@@ -51,8 +54,8 @@ HEAD_WAIT_S = 1800.0
 RESTART_DELAY_S = 10.0
 CALL_TIMEOUT_S = 60.0
 MAX_RESTARTS = 10
-# Reading the stored record of attempts (a short job on the head): tries, 20 s apart.
-RECORD_TRIES = 3
+# The stored record of attempts (a short job on the head) unread: read again this often,
+# for up to the head wait.
 RECORD_RETRY_S = 20.0
 NODES_WAIT_S = 600
 
@@ -164,8 +167,11 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         out: Callable[[str], None] | None = None,
+        supervision: str | None = None,
     ) -> None:
         self._connect = connect
+        # This supervision's id (its Job's uid; None: a `uerl supervise` by hand).
+        self.supervision = supervision
         self._client: SuperviseClient | None = None
         self.run_name = run_name
         self.train_args = list(train_args)
@@ -239,7 +245,11 @@ class Supervisor:
                 lambda api: api.submit_job(
                     entrypoint=self.entrypoint(),
                     submission_id=job_id,
-                    metadata={RUN_METADATA: self.run_name, "attempt": str(attempt)},
+                    metadata={
+                        RUN_METADATA: self.run_name,
+                        "attempt": str(attempt),
+                        **({SUPERVISION_METADATA: self.supervision} if self.supervision else {}),
+                    },
                     runtime_env={
                         "env_vars": {ATTEMPT_VARIABLE: str(attempt), REASON_VARIABLE: reason}
                     },
@@ -262,27 +272,30 @@ class Supervisor:
                 if outcome is not None:
                     raise GiveUp(outcome) from None
 
-    def _last_attempt(self) -> tuple[int, str | None]:
-        """The newest attempt the head knows of this run, and its status (None: none):
-        a supervisor started again (its pod replaced) carries on from there. A head
-        that does not answer is waited for: taken for one with no jobs, it would be
-        given the attempt it runs again."""
+    def _last_attempt(self) -> tuple[int, str | None, str | None]:
+        """The newest attempt the head knows of this run, its status (None: none) and
+        the supervision that submitted it: a supervisor started again (its pod replaced)
+        carries on from there. A head that does not answer is waited for: taken for one
+        with no jobs, it would be given the attempt it runs again."""
         jobs = self._until_answered(lambda api: api.list_jobs(), "listing the Ray head's jobs")
-        newest, status = 0, None
+        newest, status, supervision = 0, None, None
         for job in jobs:
-            if (getattr(job, "metadata", None) or {}).get(RUN_METADATA) != self.run_name:
+            metadata = getattr(job, "metadata", None) or {}
+            if metadata.get(RUN_METADATA) != self.run_name:
                 continue
             found = re.fullmatch(rf"uerl-{re.escape(self.run_name)}-(\d+)", job.submission_id or "")
             if found and int(found.group(1)) > newest:
                 newest, status = int(found.group(1)), _status(job.status)
-        return newest, status
+                supervision = metadata.get(SUPERVISION_METADATA)
+        return newest, status, supervision
 
-    def _stored_attempt(self) -> int | None:
-        """The newest attempt in the run's stored record, read by a short job on the head
-        (training.supervise.record); None when that job could not say, RECORD_TRIES
-        times (a store down for a moment fails one: numbering the attempts from 1 again
-        would write a number twice)."""
-        tries = 0
+    def _stored_attempt(self) -> int:
+        """The newest attempt in the run's stored record (0: none yet), read by a short
+        job on the head (training.supervise.record). A record that cannot be read (a
+        store down, the job's log lost) is read again every RECORD_RETRY_S for up to
+        head_wait_s, then the supervisor gives up (GiveUp, exit 1): numbering the
+        attempts from 1 again would write a number twice."""
+        since = self.clock()
         while True:
             job_id = f"uerl-{self.run_name}-record-{uuid.uuid4().hex[:8]}"
 
@@ -303,16 +316,30 @@ class Supervisor:
                 raise GiveUp(outcome)
             if outcome.status == "LOST":  # the head lost meanwhile: read again on the next
                 continue
-            tries += 1
-            if outcome.status == "SUCCEEDED" or tries >= RECORD_TRIES:
-                break
-            self.log(f"the run's record could not be read (job {job_id} {outcome.why}); again")
+            why = outcome.why
+            if outcome.status == "SUCCEEDED":
+                try:
+                    logs = self._call(lambda api, job_id=job_id: api.get_job_logs(job_id))
+                    last = record.parse(logs)
+                except Exception as exc:
+                    last, why = None, f"its log could not be read: {exc}"
+                if last is not None:
+                    return last
+                why = why if why != outcome.why else "its log said no attempt"
+            waited = self.clock() - since
+            if waited >= self.head_wait_s:
+                raise GiveUp(
+                    Outcome(
+                        "FAILED",
+                        f"the run's record could not be read for {waited:.0f} s (job {job_id} "
+                        f"{why}); a new attempt would number the run's attempts again",
+                    )
+                )
+            self.log(
+                f"the run's record could not be read (job {job_id} {why}); again in "
+                f"{RECORD_RETRY_S:.0f} s"
+            )
             self.sleep(RECORD_RETRY_S)
-        if outcome.status == "SUCCEEDED":
-            with contextlib.suppress(Exception):
-                return record.parse(self._call(lambda api: api.get_job_logs(job_id)))
-        self.log(f"the run's record could not be read (job {job_id} {outcome.why})")
-        return None
 
     def run(self) -> int:
         try:
@@ -327,7 +354,7 @@ class Supervisor:
             return BAD_INPUT
 
     def _run(self) -> int:
-        attempt, status = self._last_attempt()
+        attempt, status, supervision = self._last_attempt()
         # Attempts in a row that stored no checkpoint: a long run whose head is replaced
         # now and then never runs out, a run that cannot get anywhere soon does.
         restarts = 0
@@ -336,9 +363,14 @@ class Supervisor:
         if status in ("PENDING", "RUNNING"):
             job_id = self.job_id(attempt)
             self.log(f"following attempt {attempt} (job {job_id}), already {status}")
-        elif status in ("SUCCEEDED", "STOPPED"):
+        elif status in ("SUCCEEDED", "STOPPED") and supervision == self.supervision:
+            # This supervision's own attempt (its pod replaced after the run ended).
             self.log(f"run {self.run_name}: attempt {attempt} already ended {status}")
             return 0
+        elif status in ("SUCCEEDED", "STOPPED"):
+            # A new supervised Job of a run that ended (more --iterations, or after a
+            # person's `ray job stop`): it carries the run on from its last checkpoint.
+            reason = f"a new supervision of the run (attempt {attempt} had ended {status})"
         elif status == "FAILED":
             reason = f"attempt {attempt} (job {self.job_id(attempt)}) had FAILED"
         else:
