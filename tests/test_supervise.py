@@ -242,6 +242,41 @@ def test_the_supervisor_job_tells_its_pods_their_jobs_uid() -> None:
     )
 
 
+def test_a_head_that_answers_but_takes_no_job_ends_the_supervisor_after_the_wait() -> None:
+    # Before: the same submission was tried again every poll, for ever.
+    head = Head({})
+
+    def refuses(**kwargs: Any) -> str:
+        head._up()
+        raise RuntimeError("Request failed with status code 500: the job agent is not up")
+
+    head.submit_job = refuses  # type: ignore[method-assign]
+    clock = Clock(limit_s=3600)
+    sup, lines = supervisor(head, clock, head_wait_s=300)
+    assert sup.run() == 1
+    assert 300 <= clock.now < 320
+    # The first job it submits is the one reading the run's record.
+    assert "answered, but not reading the run's record, for 300 s" in lines[-1]
+    assert "status code 500" in lines[-1]
+
+
+def test_a_head_that_takes_no_training_job_ends_the_supervisor_after_the_wait() -> None:
+    head = Head({})
+    submit = head.submit_job
+
+    def refuses_training(**kwargs: Any) -> str:
+        if "uerl train" in kwargs["entrypoint"]:
+            raise RuntimeError("Request failed with status code 500: the job agent is not up")
+        return submit(**kwargs)
+
+    head.submit_job = refuses_training  # type: ignore[method-assign]
+    clock = Clock(limit_s=3600)
+    sup, lines = supervisor(head, clock, head_wait_s=300)
+    assert sup.run() == 1
+    assert 300 <= clock.now < 320
+    assert "the Ray head took no job for 300 s" in lines[-1] and "status code 500" in lines[-1]
+
+
 def test_restarts_are_bounded() -> None:
     head = Head({f"uerl-r1-{n}": ["FAILED"] for n in range(1, 10)})
     sup, lines = supervisor(head, Clock(), max_restarts=3)

@@ -263,12 +263,20 @@ class Supervisor:
         return job_id
 
     def _until_answered(self, call: Callable[[SuperviseClient], Any], what: str) -> Any:
-        """`call`'s answer, waiting for the head as long as head_wait_s; GiveUp after."""
+        """`call`'s answer, waiting for the head as long as head_wait_s; GiveUp after,
+        also when the head answers other calls but keeps failing this one."""
+        since = self.clock()
         while True:
             try:
                 return self._call(call)
             except Exception as exc:
                 outcome = self._wait_for_head(f"{what}: {exc}")
+                if outcome is None and self.clock() - since >= self.head_wait_s:
+                    outcome = Outcome(
+                        "FAILED",
+                        f"the Ray head answered, but not {what}, for {self.head_wait_s:.0f} s "
+                        f"({exc})",
+                    )
                 if outcome is not None:
                     raise GiveUp(outcome) from None
 
@@ -383,15 +391,28 @@ class Supervisor:
                     f"the Ray head has no job of the run (a new head): attempt {stored} "
                     "was lost with it"
                 )
+        refused_since: float | None = None  # submits failing while the head answers
         while True:
             if job_id is None:
                 attempt += 1
                 try:
                     job_id = self._submit(attempt, reason)
+                    refused_since = None
                 except Exception as exc:
                     outcome = self._wait_for_head(f"submitting attempt {attempt}: {exc}")
                     if outcome is not None:
                         return self._give_up(outcome)
+                    # The head answers but takes no job (a 5xx, its job agent not up):
+                    # tried again for as long as a head is waited for, not for ever.
+                    refused_since = self.clock() if refused_since is None else refused_since
+                    if self.clock() - refused_since >= self.head_wait_s:
+                        return self._give_up(
+                            Outcome(
+                                "FAILED",
+                                f"the Ray head took no job for {self.head_wait_s:.0f} s "
+                                f"(submitting attempt {attempt}: {exc})",
+                            )
+                        )
                     attempt -= 1
                     continue
             outcome = self._follow(job_id)
