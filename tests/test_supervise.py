@@ -28,7 +28,7 @@ from infra.manifests.common import labels
 from infra.topology import DASHBOARD_PORT, GCS_PORT, Topology
 from training.commands.submit import main as submit
 from training.commands.supervise import main as supervise
-from training.runstore import attempts
+from training.runstore import attempts, events
 from training.runstore.location import check_run_name
 from training.runstore.s3_store import S3Location
 from training.submit import supervisor_job
@@ -439,6 +439,30 @@ def test_a_lost_attempts_traceback_is_set_aside_under_its_attempt(tmp_path: Path
     assert (run / "traceback-attempt-1.txt").read_text().startswith("Traceback")
 
 
+def test_a_traceback_set_aside_never_replaces_an_earlier_one(tmp_path: Path) -> None:
+    # Before: an attempt that failed before recording itself left the last recorded
+    # number as it was, and its traceback was moved over that attempt's own.
+    run = tmp_path / "r1"
+    attempts.record(run, 1, "the run starts", resumed_from=None, iteration=None)
+    (run / "traceback-attempt-1.txt").write_text("attempt 1's")
+    (run / "traceback.txt").write_text("the next one's")
+    assert record.main(["r1", "--endpoints", str(claim_endpoints(tmp_path)),
+                        "--set-aside-traceback"]) == 0  # fmt: skip
+    assert (run / "traceback-attempt-1.txt").read_text() == "attempt 1's"
+    assert (run / "traceback-attempt-1-2.txt").read_text() == "the next one's"
+
+
+def test_attempts_that_ended_before_recording_themselves_are_recorded_by_the_next(
+    tmp_path: Path,
+) -> None:
+    # Before: attempts.jsonl read 1, 3 when attempt 2's store was down past its wait.
+    attempts.record(tmp_path, 1, "the run starts", resumed_from=None, iteration=None)
+    attempts.record(tmp_path, 3, "attempt 2 had FAILED", resumed_from=None, iteration=None)
+    entries = attempts.read(tmp_path)
+    assert [e["attempt"] for e in entries] == [1, 2, 3]
+    assert entries[1]["reason"] == attempts.NOT_RECORDED and entries[1]["recorded_by"] == 3
+
+
 def test_an_unreachable_head_at_the_first_submit_is_waited_for() -> None:
     head = Head({"uerl-r1-1": ["SUCCEEDED"]})
     head.down = True
@@ -840,7 +864,7 @@ def test_a_long_run_whose_attempts_each_store_a_checkpoint_never_runs_out_of_res
     for n in range(1, attempts_made + 1):
         head.logs[f"uerl-r1-{n}"] = (
             f"iter {n:4d} | ...\ncheckpoint_{n:06d} written: 3.1 MiB in 0.42 s (RLlib's state "
-            "0.40 s, storing 0.02 s)\n"
+            f"0.40 s, storing 0.02 s)\n{events.checkpoint_stored(f'checkpoint_{n:06d}')}\n"
         )
     sup, _ = supervisor(head, Clock(), max_restarts=3)
     assert sup.run() == 0
@@ -849,7 +873,7 @@ def test_a_long_run_whose_attempts_each_store_a_checkpoint_never_runs_out_of_res
 
 def test_the_restart_limit_counts_attempts_in_a_row_without_a_new_checkpoint() -> None:
     head = Head({f"uerl-r1-{n}": ["FAILED"] for n in range(1, 12)})
-    head.logs["uerl-r1-2"] = "checkpoint_000002 written: 3.1 MiB in 0.42 s\n"  # progress
+    head.logs["uerl-r1-2"] = events.checkpoint_stored("checkpoint_000002") + "\n"  # progress
     sup, lines = supervisor(head, Clock(), max_restarts=3)
     assert sup.run() == 1
     # Attempt 2 stored a checkpoint: the count starts again after it (3, 4, 5, 6 fail).
@@ -857,12 +881,38 @@ def test_the_restart_limit_counts_attempts_in_a_row_without_a_new_checkpoint() -
     assert "3 restarts in a row without a new checkpoint, giving up" in lines[-1]
 
 
-def test_the_supervisor_knows_the_trainings_checkpoint_line(tmp_path: Path) -> None:
-    from training.run.driver import _saved_line  # what `uerl train` prints on each save
+def test_a_checkpoint_written_on_the_head_but_never_stored_is_no_progress() -> None:
+    # Before: "checkpoint_N written" (saved to a bucket run's staging) reset the count,
+    # so a run whose store was down after its start never used its restarts up.
+    head = Head({f"uerl-r1-{n}": ["FAILED"] for n in range(1, 12)})
+    for n in range(1, 12):
+        head.logs[f"uerl-r1-{n}"] = f"checkpoint_{n:06d} written: 3.1 MiB in 0.42 s\n"
+    sup, lines = supervisor(head, Clock(), max_restarts=3)
+    assert sup.run() == 1
+    assert len(head.submitted) == 4
+    assert "3 restarts in a row without a new checkpoint, giving up" in lines[-1]
 
-    (tmp_path / "checkpoint_000004").mkdir()
-    line = _saved_line(tmp_path / "checkpoint_000004", {"total_s": 0.4, "state_s": 0.3})
-    assert stored_a_checkpoint(line + "\n")
+
+def test_a_claim_run_says_each_checkpoint_stored_once_as_an_event(tmp_path: Path) -> None:
+    from run_fakes import SavingAlgo, meta
+
+    from training.run import checkpoints
+    from training.runstore.stored_run import open_stored_run
+
+    endpoints = (
+        Topology().endpoints().model_copy(update={"runs": RunStorage(uri=f"file://{tmp_path}")})
+    )
+    lines: list[str] = []
+    stored = open_stored_run(endpoints, "r1", resume=None, log=lines.append)
+    checkpoints.save(SavingAlgo(), stored.run_dir / "checkpoints", meta(2))
+    stored.sync()
+    stored.sync()
+    assert stored.close()
+    said = [e for line in lines for e in events.parse(line)]
+    assert said == [
+        {"event": "checkpoint_stored", "checkpoint": "checkpoint_000002", "iteration": 2}
+    ]
+    assert stored_a_checkpoint("\n".join(lines) + "\n")
 
 
 def test_the_supervisor_fetches_an_attempts_log_once_not_at_every_poll() -> None:

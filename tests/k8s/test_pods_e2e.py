@@ -869,7 +869,9 @@ STORE_PAUSE_S = 30.0  # the store's outage
 # The store stopped until the next checkpoint is written (a checkpoint interval, about 7 s
 # here) and seen in the supervisor's log; back before the new head's restore gives up on
 # it (the run storage waits 60 s for a store).
-UPLOAD_PAUSE_S = guard(40)
+# A fault's length is a fixed figure, never scaled with the hang guards (the run storage's
+# own wait, STORE_WAIT_S, is not scaled either).
+UPLOAD_PAUSE_S = 40.0
 JOB_API_TIMEOUT_S = guard(20)  # one request of the checker to the head's job API
 # Checks over the runs' whole life: a checker that read too little proved nothing.
 CHECKER_ROUNDS_AT_LEAST = 10

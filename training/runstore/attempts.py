@@ -32,6 +32,12 @@ def from_environment(environ: Mapping[str, str] | None = None) -> tuple[int, str
     return attempt, env.get(REASON_VARIABLE, "")
 
 
+NOT_RECORDED = (
+    "not recorded by itself: it ended before its start reached the run (the run storage "
+    "down past its wait, or the run's lease refused)"
+)
+
+
 def record(
     run_dir: Path, attempt: int, reason: str, *, resumed_from: str | None, iteration: int | None
 ) -> dict[str, Any]:
@@ -44,12 +50,32 @@ def record(
     }
     path = run_dir / FILE
     earlier = path.read_text() if path.is_file() else ""
-    atomic.write_text(path, earlier + json.dumps(entry) + "\n")
+    # Attempts that ended before their start reached the run (the store down past its
+    # wait, the lease refused) recorded nothing: their numbers are recorded here, so the
+    # record numbers every attempt, one after another.
+    last = max((int(e["attempt"]) for e in _entries(earlier)), default=0)
+    gaps = [
+        {
+            "attempt": missing,
+            "started": None,
+            "reason": NOT_RECORDED,
+            "resumed_from": None,
+            "iteration": None,
+            "recorded_by": attempt,
+        }
+        for missing in range(last + 1, attempt)
+    ]
+    lines = "".join(json.dumps(e) + "\n" for e in [*gaps, entry])
+    atomic.write_text(path, earlier + lines)
     return entry
+
+
+def _entries(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / FILE
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _entries(path.read_text())

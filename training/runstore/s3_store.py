@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from infra.endpoints import RunStorage
 from infra.topology import JOB_STOP_GRACE_S
-from training.runstore import atomic, attempts
+from training.runstore import atomic, attempts, events
 from training.runstore.atomic import PARTIAL_PREFIX
 from training.runstore.lease import LeaseLost
 from training.runstore.listing import (
@@ -632,6 +632,7 @@ class Mirror:
                     f"({sent / 2**20:.1f} MiB uploaded in {time.monotonic() - started:.2f} s, "
                     "beside the training)"
                 )
+                self.log(events.checkpoint_stored(named))
                 continue
             self._fence(store=False)
             try:

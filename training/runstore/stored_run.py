@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.endpoints import Endpoints
-from training.runstore import atomic, retention
+from training.runstore import atomic, events, retention
 from training.runstore.lease import FileLease, Lease, ObjectLease
-from training.runstore.listing import CHECKPOINTS, LEASE, hidden, is_lease
+from training.runstore.listing import CHECKPOINTS, LATEST, LEASE, hidden, is_lease
 from training.runstore.location import (
     FIELD,
     RunStorageError,
@@ -57,6 +57,7 @@ class StoredRun:
     # the run records anything may take back what it wrote (`discard`).
     fresh: bool = False
     _running_low: bool = field(default=False, init=False, repr=False)  # said already
+    _said_stored: str | None = field(default=None, init=False, repr=False)  # its event
 
     def sync(self) -> float | None:
         """After each iteration: checkpoints past retention deleted (here, and from a
@@ -72,9 +73,20 @@ class StoredRun:
                 self.mirror.remove(removed)
         self._check_room()
         if self.mirror is None:
+            self._say_stored()
             return time.time()
         self.mirror.sync()
         return self.mirror.stored_through
+
+    def _say_stored(self) -> None:
+        """On a claim a checkpoint is stored once written: its event, once per `latest`."""
+        try:
+            named = (self.run_dir / CHECKPOINTS / LATEST).read_text().strip()
+        except OSError:
+            return
+        if named and named != self._said_stored:
+            self._said_stored = named
+            self.log(events.checkpoint_stored(named))
 
     def fence(self) -> None:
         """LeaseLost (training.runstore.lease) once another writer holds the run: called

@@ -59,7 +59,12 @@ def set_aside(filesystem: Any, run_root: str, attempt: int) -> str | None:
     source = f"{run_root}/{TRACEBACK}"
     if filesystem.get_file_info(source).type != fs.FileType.File:
         return None
-    target = f"{run_root}/traceback-attempt-{attempt}.txt"
+    # Never over another: an attempt that failed before it recorded itself leaves the
+    # last recorded number unchanged, and that attempt's own traceback is kept.
+    target, again = f"{run_root}/traceback-attempt-{attempt}.txt", 1
+    while filesystem.get_file_info(target).type != fs.FileType.NotFound:
+        again += 1
+        target = f"{run_root}/traceback-attempt-{attempt}-{again}.txt"
     filesystem.move(source, target)
     return target
 

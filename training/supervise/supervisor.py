@@ -37,7 +37,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from training.ray_auth.token_client import is_refusal
+from training.runstore import events
 from training.runstore.attempts import ATTEMPT_VARIABLE, REASON_VARIABLE
+from training.runstore.events import CHECKPOINT_STORED
 from training.supervise import record
 
 RUN_METADATA = "uerl_run"  # the job metadata naming the run an attempt belongs to
@@ -115,14 +117,11 @@ def already_exists(exc: BaseException) -> bool:
     return "already exists" in str(exc)
 
 
-# What `uerl train` prints each time it stores a checkpoint (training.run.driver's
-# `checkpoint_000004 written: 3.1 MiB in ...`): an attempt that printed it moved the run on.
-CHECKPOINT_LINE = re.compile(r"^checkpoint_\d+ written: ", re.MULTILINE)
-
-
 def stored_a_checkpoint(log_text: str) -> bool:
-    """Does this part of an attempt's log (whole lines) say a checkpoint was stored?"""
-    return CHECKPOINT_LINE.search(log_text) is not None
+    """Does this part of an attempt's log (whole lines) say a checkpoint was stored (the
+    run's `checkpoint_stored` event, training.runstore.events: in a bucket once uploaded,
+    not when only written on the head)?"""
+    return any(event["event"] == CHECKPOINT_STORED for event in events.parse(log_text))
 
 
 class _CheckpointLines:
