@@ -235,7 +235,7 @@ def test_a_run_in_a_directory_is_read_whole(tmp_path: Path) -> None:
 
 def test_a_run_not_stored_yet_reads_empty(tmp_path: Path) -> None:
     read = fsch.read_stored(fs.LocalFileSystem(), str(tmp_path / "none-yet"))
-    assert read == fsch.StoredRun()
+    assert read == fsch.StoredRun(sizes={})
 
 
 def test_a_line_of_attempts_that_does_not_read_is_kept_as_it_is() -> None:
@@ -665,3 +665,15 @@ def test_the_checker_checks_on_its_thread_until_stopped() -> None:
     answered = check.counts["job API answered"]
     time.sleep(0.05)
     assert check.counts["job API answered"] == answered  # stopped: no round after
+
+
+def test_latest_naming_a_checkpoint_a_file_of_which_is_missing_or_short_breaks_it() -> None:
+    # "Whole" as the product reads it (listing.holds_whole): each file uerl.json names.
+    meta = '{"iteration": 2, "env_steps_total": 200, "algo": "PPO", "files": {"m.pkl": 7}}'
+    at = "checkpoints/checkpoint_000002/"
+    whole = {f"{at}uerl.json": 90, f"{at}m.pkl": 7}
+    short, missing = {**whole, f"{at}m.pkl": 3}, {f"{at}uerl.json": 90}
+    for sizes, broken in ((whole, False), (short, True), (missing, True)):
+        stored = fsch.StoredRun(files=frozenset(sizes), latest="checkpoint_000002",
+                                latest_meta=meta, sizes=sizes)  # fmt: skip
+        assert bool(fsch.latest_problems(stored)) is broken, sizes

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -240,6 +241,81 @@ def test_latest_in_the_bucket_names_a_whole_checkpoint_after_every_upload(
     assert broken == []
     newest = (tmp_path / "checkpoints" / "latest").read_text()
     assert bucket.text(key("checkpoints/latest")) == newest
+
+
+class TwoFileAlgo:
+    """A checkpoint of two data files, as RLlib's are of many."""
+
+    def save_to_path(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "a.pkl").write_bytes(b"a" * 64)
+        (Path(path) / "b.pkl").write_bytes(b"b" * 64)
+
+
+def test_latest_never_names_a_checkpoint_a_file_of_which_was_pruned_mid_upload(
+    tmp_path: Path, bucket: FakeBucket
+) -> None:
+    # Issue 63, item 5. Before: a data file gone at its upload (retention's rmtree on the
+    # driver's thread) was skipped, uerl.json still went, and `latest` named the
+    # checkpoint: whole by every reader, unresumable.
+    checkpoints.save(TwoFileAlgo(), tmp_path / "checkpoints", meta(3))
+    listed = tmp_path / "checkpoints" / "checkpoint_000003"
+
+    def prune_the_rest(stored: str) -> None:
+        if stored == key("checkpoints/checkpoint_000003/a.pkl"):
+            (listed / "b.pkl").unlink()  # retention deleting it while the round uploads
+
+    bucket.on_upload = prune_the_rest
+    mirror = Mirror(LOCATION, RUN, tmp_path, log=print)
+    mirror.sync()
+    assert mirror.wait_idle(30)
+    assert bucket.text(key("checkpoints/latest")) is None
+    meta_text = bucket.text(key("checkpoints/checkpoint_000003/uerl.json"))
+    assert meta_text is not None and json.loads(meta_text)["files"] == {"a.pkl": 64, "b.pkl": 64}
+    stored = {k.removeprefix(key("")): len(v) for k, v in bucket.objects.items()}
+    assert s3_store.whole_checkpoint(None, stored, lambda rel: bucket.text(key(rel))) is None
+    mirror.close(timeout_s=5)
+
+
+def test_a_pointer_put_whose_answer_was_lost_keeps_the_checkpoint_it_may_name(
+    tmp_path: Path, bucket: FakeBucket, quick_retries: None
+) -> None:
+    # Issue 63, item 6. Before: the PUT of `latest` timed out but landed; the mirror took
+    # the old pointer for the stored one, and retention deleted the checkpoint the
+    # bucket's `latest` named.
+    checkpoints.save(SavingAlgo(), tmp_path / "checkpoints", meta(1))
+    mirror = Mirror(LOCATION, RUN, tmp_path, log=print)
+    mirror.sync()
+    assert mirror.wait_idle(30)
+    broken: list[str] = []
+    answers_lost = [True]
+
+    def lost_answer(stored: str) -> None:
+        named = bucket.text(key("checkpoints/latest"))
+        if named and bucket.text(key(f"checkpoints/{named}/uerl.json")) is None:
+            broken.append(f"latest names {named}, which the bucket does not hold")
+        if stored == key("checkpoints/latest") and answers_lost[0]:
+            raise OSError("AWS Error NETWORK_CONNECTION during PutObject: timeout")
+
+    bucket.on_upload = lost_answer
+    checkpoints.save(SavingAlgo(), tmp_path / "checkpoints", meta(2))
+    mirror.sync()
+    deadline = time.monotonic() + 10
+    while bucket.text(key("checkpoints/latest")) != "checkpoint_000002":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # Retention (keep 1, two saves on) removes 2 while the bucket's `latest` names it.
+    checkpoints.save(SavingAlgo(), tmp_path / "checkpoints", meta(3))
+    shutil.rmtree(tmp_path / "checkpoints" / "checkpoint_000002")  # as retention.prune does
+    mirror.remove({"checkpoint_000002"})
+    time.sleep(0.3)  # rounds run, each pointer PUT landing without an answer
+    assert broken == []
+    assert key("checkpoints/checkpoint_000002/uerl.json") in bucket.objects
+    answers_lost[0] = False
+    assert mirror.close(timeout_s=30)
+    assert bucket.text(key("checkpoints/latest")) == "checkpoint_000003"
+    assert key("checkpoints/checkpoint_000002/uerl.json") not in bucket.objects  # then it goes
+    assert broken == []
 
 
 def test_restore_falls_back_to_the_newest_whole_checkpoint_when_latest_names_a_missing_one(

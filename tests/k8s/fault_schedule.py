@@ -34,7 +34,14 @@ from functools import cached_property
 from typing import Any
 
 from training.runstore.attempts import FILE as ATTEMPTS_FILE
-from training.runstore.listing import CHECKPOINTS, LATEST, META, hidden, read_checkpoint_meta
+from training.runstore.listing import (
+    CHECKPOINTS,
+    LATEST,
+    META,
+    hidden,
+    holds_whole,
+    read_checkpoint_meta,
+)
 from training.runstore.retention import METRICS, iteration_of
 
 SEED_VARIABLE = "UERL_FAULT_SEED"
@@ -286,6 +293,9 @@ class StoredRun:
     latest_meta: str | None = None  # the uerl.json of the checkpoint it names; None: absent
     metrics: tuple[int, ...] | None = None  # metrics.csv's rows' iterations; None: no file
     attempts: tuple[dict[str, Any], ...] = ()  # attempts.jsonl's entries
+    # Each file's bytes, as listed (None: not known, `files` only): a checkpoint is whole
+    # when each file its uerl.json names is stored at its size (listing.holds_whole).
+    sizes: Mapping[str, int] | None = None
 
     def checkpoints(self) -> dict[str, bool]:
         """Each checkpoint with a file stored, and whether it is whole (its uerl.json,
@@ -347,14 +357,15 @@ def read_stored(filesystem: Any, root: str) -> StoredRun:
 
     latest = (text(f"{CHECKPOINTS}/{LATEST}") or "").strip() or None
     selector = fs.FileSelector(root, recursive=True, allow_not_found=True)
-    files = frozenset(
-        info.path[len(root) + 1 :]
+    sizes = {
+        info.path[len(root) + 1 :]: info.size or 0
         for info in filesystem.get_file_info(selector)
         if info.type == fs.FileType.File
-    )
+    }
     metrics = text(METRICS)
     return StoredRun(
-        files=files,
+        files=frozenset(sizes),
+        sizes=sizes,
         latest=latest,
         latest_meta=text(f"{CHECKPOINTS}/{latest}/{META}") if latest else None,
         metrics=None if metrics is None else metrics_iterations(metrics),
@@ -380,6 +391,11 @@ def latest_problems(stored: StoredRun) -> list[str]:
         return [f"checkpoints/latest names {name}, whose {META} does not read"]
     if iteration != iteration_of(name):
         return [f"checkpoints/latest names {name}, whose {META} says iteration {iteration}"]
+    # Whole as the product reads it: every file its uerl.json names, at its size.
+    if not holds_whole(
+        name, stored.latest_meta, stored.sizes if stored.sizes is not None else stored.files
+    ):
+        return [f"checkpoints/latest names {name}, a file of which the store does not hold whole"]
     return []
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -52,6 +52,10 @@ class CheckpointMeta:
     # checkpoints written before this field were all multi-agent. A single-agent
     # checkpoint's one module is RLlib's `default_policy`, the game's one policy.
     env_runner: Literal["single_agent", "multi_agent"] = "multi_agent"
+    # Every other file of the checkpoint (its relative path -> bytes), written last: a
+    # reader of a store that copies files one by one (a bucket) takes the checkpoint as
+    # whole only when it holds each of them at its size. None: written before this field.
+    files: dict[str, int] | None = None
 
 
 def save(
@@ -78,11 +82,17 @@ def save(
         algo.save_to_path(str(partial.resolve()))
         state_s = time.monotonic() - state_started
         partial.mkdir(exist_ok=True)
-        (partial / META).write_text(json.dumps(asdict(meta)))
         if game is not None:
             (partial / GAME).write_text(game.to_json())
         if league is not None:
             (partial / LEAGUE).write_text(league.to_json())
+        # META last, naming every other file with its size (`files`).
+        files = {
+            f.relative_to(partial).as_posix(): f.stat().st_size
+            for f in sorted(partial.rglob("*"))
+            if f.is_file()
+        }
+        (partial / META).write_text(json.dumps(asdict(replace(meta, files=files))))
         if fence is not None:
             fence()
     if fence is not None:
@@ -101,6 +111,13 @@ _META_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "normalize_actions": (lambda v: type(v) is bool, "true or false"),
     "clip_actions": (lambda v: type(v) is bool, "true or false"),
     "env_runner": (lambda v: v in ("single_agent", "multi_agent"), "single_agent or multi_agent"),
+    "files": (
+        lambda v: (
+            v is None
+            or (isinstance(v, dict) and all(type(n) is int and n >= 0 for n in v.values()))
+        ),
+        "an object of each file's bytes",
+    ),
 }
 DAMAGED = "the checkpoint is damaged; use another one (an earlier checkpoint_* beside it)"
 

@@ -105,8 +105,9 @@ class BucketRuns:
     def _summary(self, s3: Any, name: str) -> RunSummary:
         named = self._read(s3, name, CHECKPOINTS, LATEST) or None
         files = dict(self._files(s3, name))
+        sizes = {relative: info.size or 0 for relative, info in files.items()}
         # The checkpoint a pull takes (quietly: a pull says it).
-        latest = latest_whole(s3, self.location, name, named, files, lambda line: None)
+        latest = latest_whole(s3, self.location, name, named, sizes, lambda line: None)
         iteration = env_steps = None
         if latest is not None:
             meta = self._read(s3, name, CHECKPOINTS, latest, META)
@@ -129,7 +130,8 @@ class BucketRuns:
             s3 = self._fs()
             named = self._read(s3, name, CHECKPOINTS, LATEST) or None
             files = dict(self._files(s3, name))
-            latest = latest_whole(s3, self.location, name, named, files, self.log)
+            sizes = {relative: info.size or 0 for relative, info in files.items()}
+            latest = latest_whole(s3, self.location, name, named, sizes, self.log)
             targets = local_targets(self.location, name, files, into)
             pointer = f"{CHECKPOINTS}/{LATEST}"
             for relative in files:

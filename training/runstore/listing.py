@@ -15,7 +15,7 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -122,18 +122,52 @@ def within(run_dir: Path, relative: str) -> Path | None:
     return run_dir / relative
 
 
+def checkpoint_manifest(text: str) -> dict[str, int] | None:
+    """The files a checkpoint's META names (relative to the checkpoint -> bytes); None
+    when it names none (a checkpoint written before the manifest) or is unreadable."""
+    try:
+        files = json.loads(text).get("files")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(files, dict):
+        return None
+    return {str(name): int(size) for name, size in files.items() if isinstance(size, int)}
+
+
+def holds_whole(
+    name: str, meta_text: str | None, stored: Mapping[str, int] | Collection[str]
+) -> bool:
+    """Whether `stored` (relative path in the run -> bytes, or names only) holds checkpoint
+    `name` whole: its META reads, and each file the META names is there at its size."""
+    if meta_text is None or read_checkpoint_meta(meta_text)[0] is None:
+        return False
+    manifest = checkpoint_manifest(meta_text)
+    if manifest is None:
+        return True  # written before the manifest: its META, stored last, says whole
+    for relative, size in manifest.items():
+        key = f"{CHECKPOINTS}/{name}/{relative}"
+        if key not in stored:
+            return False
+        if isinstance(stored, Mapping) and stored[key] != size:
+            return False
+    return True
+
+
 def whole_checkpoint(
-    named: str | None, relatives: Collection[str], read: Callable[[str], str | None]
+    named: str | None,
+    relatives: Mapping[str, int] | Collection[str],
+    read: Callable[[str], str | None],
 ) -> str | None:
     """The checkpoint a reader of a bucket takes: the one `latest` names (`named`) when
     the bucket holds it whole, else the newest it holds whole; None if none. Whole: its
-    META, stored after its other files, is there and reads (`read(relative)` gives a
-    stored file's text, None if absent)."""
+    META, stored after its other files, is there and reads, and each file it names is
+    stored at its size (`read(relative)` gives a stored file's text, None if absent;
+    `relatives` the stored files, with their sizes where known)."""
 
     def whole(name: str) -> bool:
         relative = f"{CHECKPOINTS}/{name}/{META}"
         text = read(relative) if relative in relatives else None
-        return text is not None and read_checkpoint_meta(text)[0] is not None
+        return holds_whole(name, text, relatives)
 
     if named is not None and whole(named):
         return named

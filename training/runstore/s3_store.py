@@ -40,6 +40,7 @@ from training.runstore.listing import (
     LATEST,
     META,
     hidden,
+    holds_whole,
     wanted,
     whole_checkpoint,
     within,
@@ -414,6 +415,8 @@ class Mirror:
         self._uploaded: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime)
         self._uploaded_at: dict[str, float] = {}  # relative path -> when (clock)
         self._uploaded_pointer: str | None = None  # what the stored `latest` says
+        # Pointers whose PUT failed without an answer: the stored `latest` may say one.
+        self._pointer_maybe: set[str] = set()
         # Retention (training.runstore.retention): the checkpoints the bucket holds
         # (listed once, then kept up to date), and those retention removed, to delete.
         self._stored_checkpoints = stored_checkpoints  # None: listed at the first round
@@ -585,6 +588,19 @@ class Mirror:
             )
         return named, [(relative, stamp) for _, relative, stamp in sorted(files)]
 
+    def _stored_whole(self, named: str) -> bool:
+        """Whether this mirror stored checkpoint `named` whole: its META and every file
+        the META names, at the size it names (listing.holds_whole)."""
+        meta = f"{CHECKPOINTS}/{named}/{META}"
+        if meta not in self._uploaded:
+            return False
+        try:
+            text = (self.local / meta).read_text()
+        except OSError:
+            return False  # pruned since: a later checkpoint's pointer goes instead
+        sizes = {relative: stamp[0] for relative, stamp in self._uploaded.items()}
+        return holds_whole(named, text, sizes)
+
     def _grown_recently(self, relative: str, stamp: tuple[int, int]) -> bool:
         """A file outside the checkpoints (theirs are stored whole before `latest` names
         them) that only grew since it was uploaded, less than GROWN_EVERY_S ago: it
@@ -620,12 +636,23 @@ class Mirror:
                 continue
             if relative == pointer:  # last: its checkpoint is whole in the bucket
                 assert named is not None
-                if f"{CHECKPOINTS}/{named}/{META}" not in self._uploaded:
-                    continue  # not stored (re-saved while listed): the next round
+                if not self._stored_whole(named):
+                    continue  # a file of it not stored (re-saved, pruned): the next round
                 self._fence(store=True)
-                with self._s3.open_output_stream(self.location.key(self.run_name, pointer)) as out:
-                    out.write(named.encode())
-                self._uploaded_pointer = named
+                try:
+                    with self._s3.open_output_stream(
+                        self.location.key(self.run_name, pointer)
+                    ) as out:
+                        out.write(named.encode())
+                except BaseException:
+                    # Its answer lost is not its PUT lost: the bucket's `latest` may name
+                    # it now, so retention keeps it until a pointer PUT is answered.
+                    with self._retention_lock:
+                        self._pointer_maybe.add(named)
+                    raise
+                with self._retention_lock:
+                    self._uploaded_pointer = named
+                    self._pointer_maybe.clear()
                 self.uploads += 1
                 self.log(
                     f"run storage: {named} stored in {self.location.uri(self.run_name)} "
@@ -705,7 +732,7 @@ class Mirror:
             stored = self._stored_checkpoints or set()
             stored |= {rel.split("/")[1] for rel in self._uploaded if _is_meta(rel)}
             self._stored_checkpoints = stored
-            doomed = sorted(self._removed - {self._uploaded_pointer})
+            doomed = sorted(self._removed - {self._uploaded_pointer} - self._pointer_maybe)
         if doomed:
             self._fence(store=True)
         files = stored_files(self._s3, self.location, self.run_name) if doomed else {}
