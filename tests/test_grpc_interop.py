@@ -70,9 +70,10 @@ CLIENTS: dict[str, Callable[[str], Transport]] = {
 }
 DEADLINE_S = 1.0
 # How far past its deadline a call may end: a thread's wake-up on a loaded 2-core host
-# (beside a Go build and the Kubernetes tier) can take hundreds of ms; a call that ignored
-# its deadline would end only with the server (3 s) or never.
-LATE_S = 0.5
+# (beside a Go build and the Kubernetes tier) can take hundreds of ms (a cold CI run saw
+# grpcio's end 0.68 s late); a call that ignored its deadline would end only with the
+# server (3 s) or never, so the bound stays below that.
+LATE_S = 1.5
 NON_ASCII = "nicht bereit ✓ 100%"
 
 Outcome = tuple[str, bytes | str]  # ("OK", reply) or (status name, details)
