@@ -189,6 +189,26 @@ def test_the_heads_pod_reaps_a_stopped_jobs_orphans() -> None:
     assert "shareProcessNamespace" not in workers
 
 
+def test_a_head_deleted_gracefully_stops_its_jobs_first_within_a_grace_that_covers_them() -> None:
+    """Issue 63, item 8. Before: the pod default (30 s) while Ray gives a stopped job 120 s
+    and the final upload is budgeted 60 s: a drained head was SIGKILLed mid-upload."""
+    from training.runstore.s3_store import CLOSE_TIMEOUT_S
+
+    spec = groups(built("dev-sidecar").raycluster)["head"]["template"]["spec"]
+    [head] = spec["containers"]
+    assert head["lifecycle"]["preStop"]["exec"]["command"] == [
+        "python", "-m", "training.headstop.stop_jobs"
+    ]  # fmt: skip
+    assert (
+        spec["terminationGracePeriodSeconds"]
+        > int(next(e["value"] for e in head["env"] if e["name"] == "RAY_JOB_STOP_WAIT_TIME_S"))
+        >= CLOSE_TIMEOUT_S
+    )
+    import importlib
+
+    importlib.import_module("training.headstop.stop_jobs")  # the hook's module is there
+
+
 def test_learner_nodes_advertise_the_learner_resource() -> None:
     """Learners ask for one unit of it, so Ray never puts one on a worker node (whose pod
     a shrink may delete, learner and all)."""

@@ -277,6 +277,33 @@ def test_a_head_that_takes_no_training_job_ends_the_supervisor_after_the_wait() 
     assert "the Ray head took no job for 300 s" in lines[-1] and "status code 500" in lines[-1]
 
 
+def test_an_attempt_its_heads_own_stop_stopped_is_resumed_not_taken_for_a_persons_stop() -> None:
+    # Issue 63, item 8: a drained head's preStop hook stops its jobs (so their drivers
+    # write a final checkpoint); their supervisor carries the run on.
+    head = Head({"uerl-r1-1": ["RUNNING", "STOPPED"], "uerl-r1-2": ["RUNNING", "SUCCEEDED"]})
+    head.logs["uerl-r1-1"] = f"iter 1 | ...\n{events.line(events.HEAD_STOPPING)}\n"
+    sup, _ = supervisor(head, Clock())
+    assert sup.run() == 0
+    assert [s["submission_id"] for s in head.submitted] == ["uerl-r1-1", "uerl-r1-2"]
+    reason = head.submitted[1]["runtime_env"]["env_vars"]["UERL_ATTEMPT_REASON"]
+    assert reason == "job uerl-r1-1 was stopped by its Ray head's own stop (its pod deleted)"
+
+
+def test_a_run_stopped_by_a_signal_while_its_head_stops_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tempfile
+
+    from training.commands import train
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert not train.said_head_stopping(130)  # no mark: a person's stop
+    (tmp_path / events.HEAD_STOPPING_MARKER).touch()  # the preStop hook's
+    assert not train.said_head_stopping(0)
+    assert train.said_head_stopping(130)
+    assert list(events.parse(capsys.readouterr().out)) == [{"event": "head_stopping"}]
+
+
 def test_restarts_are_bounded() -> None:
     head = Head({f"uerl-r1-{n}": ["FAILED"] for n in range(1, 10)})
     sup, lines = supervisor(head, Clock(), max_restarts=3)

@@ -99,6 +99,13 @@ def _metrics_port(topology: Topology) -> dict[str, Any]:
     return {"name": METRICS_PORT_NAME, "containerPort": topology.metrics.port}
 
 
+# The head's preStop hook (training.headstop.stop_jobs: a module name, not an import:
+# infra knows nothing of training), and the grace that covers it: Ray's wait for a
+# stopped job, then Ray's own shutdown.
+HEAD_PRE_STOP = ("python", "-m", "training.headstop.stop_jobs")
+HEAD_STOP_GRACE_S = JOB_STOP_GRACE_S + 30
+
+
 def _head(topology: Topology) -> dict[str, Any]:
     head = topology.ray.head
     container = _ray_container(topology, "ray-head", sized_resources(head))
@@ -130,7 +137,12 @@ def _head(topology: Topology) -> dict[str, Any]:
         # holds Ray's stop until the SIGKILL RAY_JOB_STOP_WAIT_TIME_S later (ray#50031).
         # With one PID namespace the pod's pause process is PID 1, and it reaps them.
         "shareProcessNamespace": True,
+        # A head deleted gracefully (a drain, an eviction, a replacing `pulumi up`) stops
+        # its jobs first (the preStop hook) so a driver writes its final checkpoint and
+        # upload; the pod's grace covers Ray's stop of them and Ray's own after it.
+        "terminationGracePeriodSeconds": HEAD_STOP_GRACE_S,
     }
+    container["lifecycle"] = {"preStop": {"exec": {"command": list(HEAD_PRE_STOP)}}}
     # The driver runs here: discovery (networked) and evaluation dial games.
     game_tls.add_client(topology, pod_spec, container)
     # ... and writes the run's artefacts to the runs claim (owned by Ray's group, so the

@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from infra.endpoints import Endpoints, EndpointsError
+from infra.topology import JOB_STOP_GRACE_S
 from training.commands.training_options import (
     add_training_args,
     check_flags,
@@ -156,9 +159,26 @@ def _recorded_nothing(run_dir: Path) -> bool:
     return not (run_dir / CSV_NAME).exists() and not (run_dir / TRACEBACK_NAME).exists()
 
 
+def said_head_stopping(code: int) -> bool:
+    """A run stopped by a signal (130) while its head stops its jobs (its pod's preStop
+    hook marked it) says so as an event, for its supervisor (training.runstore.events)."""
+    from training.runstore import events
+
+    marker = Path(tempfile.gettempdir()) / events.HEAD_STOPPING_MARKER
+    try:  # a mark of this stop (one left by a container restarted in place is old)
+        recent = time.time() - marker.stat().st_mtime < JOB_STOP_GRACE_S + 60
+    except OSError:
+        recent = False
+    if code != 130 or not recent:
+        return False
+    print(events.line(events.HEAD_STOPPING), flush=True)
+    return True
+
+
 def ended(code: int, stored: StoredRun | None) -> int:
     """The exit status once the run is stored: a run its store did not take whole is no
     success (1: the job FAILED, and a supervised run resumes from what is stored)."""
+    said_head_stopping(code)
     if stored is None or stored.close():
         return code
     print(f"{PROG}: the run is not all in {stored.where}", file=sys.stderr)

@@ -7,6 +7,8 @@ Events:
   and `latest` names it (on a claim once it is written; in a bucket once the mirror has
   uploaded it and then `latest`). A supervisor counts an attempt that stored one as
   progress.
+- `head_stopping` {}: the attempt was stopped by its head's own stop (a drain, an
+  eviction, a replacing `pulumi up`), not by a person: its supervisor goes on.
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ from typing import Any
 
 PREFIX = "uerl-event: "
 CHECKPOINT_STORED = "checkpoint_stored"
+HEAD_STOPPING = "head_stopping"
+# Where the head's preStop hook (training.headstop.stop_jobs) marks that it is stopping
+# the head's jobs, in the head pod's /tmp: a driver stopped then says so (HEAD_STOPPING),
+# and its supervisor resumes the run on the next head rather than ending it as a run a
+# person stopped.
+HEAD_STOPPING_MARKER = "uerl-head-stopping"
 
 
 def line(event: str, **fields: Any) -> str:

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from training.ray_auth.token_client import is_refusal
 from training.runstore import events
 from training.runstore.attempts import ATTEMPT_VARIABLE, REASON_VARIABLE
-from training.runstore.events import CHECKPOINT_STORED
+from training.runstore.events import CHECKPOINT_STORED, HEAD_STOPPING
 from training.supervise import record
 
 RUN_METADATA = "uerl_run"  # the job metadata naming the run an attempt belongs to
@@ -129,11 +129,15 @@ class _CheckpointLines:
 
     def __init__(self) -> None:
         self.seen = False
+        self.head_stopping = False  # stopped by its head's own stop, not by a person
         self._partial = ""  # whole lines only: a line the stream split is read once whole
 
     def read(self, text: str) -> None:
         lines, _, self._partial = (self._partial + text).rpartition("\n")
         self.seen = self.seen or stored_a_checkpoint(lines)
+        self.head_stopping = self.head_stopping or any(
+            event["event"] == HEAD_STOPPING for event in events.parse(lines)
+        )
 
 
 def exit_code(message: str) -> int | None:
@@ -468,6 +472,11 @@ class Supervisor:
             outcome = self._poll(job_id, tail)
         finally:
             tail.stop()
+        if outcome.status == "STOPPED" and checkpoints.head_stopping:
+            # Its head stopped its jobs (a drain, an eviction, a replacing `pulumi up`):
+            # lost with its head, not ended by a person.
+            why = f"job {job_id} was stopped by its Ray head's own stop (its pod deleted)"
+            return Outcome("LOST", why, checkpoints.seen)
         return Outcome(outcome.status, outcome.why, checkpoints.seen)
 
     def _poll(self, job_id: str, tail: JobLog) -> Outcome:
