@@ -1584,7 +1584,9 @@ def test_a_bucket_run_ends_succeeded_through_its_fault_schedule(bucket_run: Buck
     assert len(reasons) == 1 + len(ending), (reasons, run.schedule.describe())
     for attempt, (hit, reason) in enumerate(zip(ending, reasons[1:], strict=True), 2):
         failed, lost = f"job uerl-{BUCKET_RUN}-{attempt - 1} FAILED", "the Ray head was lost"
-        said = {LEARNER: (failed,), NEW_IMAGE: (lost, failed)}.get(hit.kind, (lost,))
+        # A head replaced gracefully stops its job first (its preStop hook).
+        stopped = f"job uerl-{BUCKET_RUN}-{attempt - 1} was stopped by its Ray head's own stop"
+        said = {LEARNER: (failed,), NEW_IMAGE: (lost, failed, stopped)}.get(hit.kind, (lost,))
         assert reason.startswith(said), (hit.describe(), reason)
     assert run.evidence["head images"] == run.hit(NEW_IMAGE).what
 
