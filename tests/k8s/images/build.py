@@ -742,12 +742,22 @@ def main(argv: list[str] | None = None) -> int:
         # Earlier builds' layers (GBs each for the Ray image); the layers of the images
         # just built stay: they are the cache of the next build.
         start = time.monotonic()
-        run(
-            [*buildah(CACHE / "storage"), "rmi", "--prune"],
-            env=clean_env(),
-            log_to=CACHE / "logs" / "prune.log",
-        )
-        log(f"pruned earlier layers in {time.monotonic() - start:.1f}s")
+        try:
+            # A build cut short (its run killed) leaves its working container, which
+            # holds its image: this storage is this script's alone, so none is in use.
+            run(
+                [*buildah(CACHE / "storage"), "rm", "--all"],
+                env=clean_env(),
+                log_to=CACHE / "logs" / "prune.log",
+            )
+            run(
+                [*buildah(CACHE / "storage"), "rmi", "--prune"],
+                env=clean_env(),
+                log_to=CACHE / "logs" / "prune.log",
+            )
+            log(f"pruned earlier layers in {time.monotonic() - start:.1f}s")
+        except SystemExit as exc:  # housekeeping: the images are built, said and kept
+            log(f"earlier layers not pruned ({str(exc).splitlines()[0]}); the images stand")
     total = time.monotonic() - started
     log(f"done in {total:.1f}s ({'; '.join(timings)}); index: {CACHE / 'index.json'}")
     return 0
