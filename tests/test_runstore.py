@@ -717,3 +717,33 @@ def test_a_bucket_holds_the_run_up_to_its_last_rounds_start_and_not_while_down(
         time.sleep(0.01)
     assert mirror.stored_through is not None and mirror.stored_through > first
     assert mirror.close(timeout_s=30)
+
+
+def test_a_heads_stale_staging_is_cleared_and_the_buckets_run_resumed(
+    tmp_path: Path, bucket: FakeBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 63, item 12. Before: an earlier attempt's staging on the same head (its
+    # container restarted in place keeps /tmp) was uploaded again, and its local `latest`,
+    # which the bucket never had, resumed.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = open_stored_run(
+        Topology().endpoints().model_copy(update={"runs": RunStorage(uri="s3://b/p")}),
+        RUN, resume=None, log=print,
+    )  # fmt: skip
+    checkpoints.save(SavingAlgo(), first.run_dir / "checkpoints", meta(2))
+    first.sync()
+    assert first.close()
+    staging = tmp_path / "uerl-runs" / RUN
+    checkpoints.save(SavingAlgo(), staging / "checkpoints", meta(9))  # never uploaded
+    lines: list[str] = []
+    again = open_stored_run(
+        Topology().endpoints().model_copy(update={"runs": RunStorage(uri="s3://b/p")}),
+        RUN, resume="auto", log=lines.append,
+    )  # fmt: skip
+    try:
+        assert (again.run_dir / "checkpoints" / "latest").read_text() == "checkpoint_000002"
+        assert not (again.run_dir / "checkpoints" / "checkpoint_000009").exists()
+        assert any("an earlier attempt on this head left" in line for line in lines), lines
+    finally:
+        again.close()
+    assert key("checkpoints/checkpoint_000009/uerl.json") not in bucket.objects
