@@ -69,7 +69,11 @@ class LeaseRecord(BaseModel):
     beat: int  # renewals so far: a watcher sees it change while the holder lives
     renewed_at: float  # the holder's wall clock, for people only
     ttl_s: float
-    released: bool = False  # the run's end: the next writer takes it at once
+    released: bool = False  # the attempt's end: the next writer takes it at once
+    # With `released`: the attempt's exit status, and whether a supervisor runs the run
+    # (uerl supervise: a failed attempt is followed by another, so the run goes on).
+    ended: int | None = None
+    supervised: bool = False
 
     def age_s(self, now: float) -> float:
         """By the holder's clock against `now`: a hint for refusing at once, never for
@@ -270,7 +274,9 @@ class Lease:
             "renewing it); one writer at a time: try again once it ends"
         )
 
-    def _record(self, *, released: bool = False) -> LeaseRecord:
+    def _record(
+        self, *, released: bool = False, ended: int | None = None, supervised: bool = False
+    ) -> LeaseRecord:
         assert self.generation is not None
         return LeaseRecord(
             holder=self.holder,
@@ -280,6 +286,8 @@ class Lease:
             renewed_at=time.time(),
             ttl_s=TTL_S,
             released=released,
+            ended=ended,
+            supervised=supervised,
         )
 
     # ---- the fence -----------------------------------------------------------------
@@ -340,10 +348,12 @@ class Lease:
                     )
                 failing = True
 
-    def release(self) -> None:
+    def release(self, *, ended: int | None = None, supervised: bool = False) -> None:
         """Stop renewing; if the run is still this writer's, its lease says released
         (kept: the generations only grow, so a long-paused writer of an older one is
-        fenced whoever comes next)."""
+        fenced whoever comes next), with the attempt's exit status `ended` and whether a
+        supervisor carries the run on (a reader follows a supervised run past a failed
+        attempt)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(RENEW_S)
@@ -351,7 +361,8 @@ class Lease:
             return
         try:
             self.check()
-            self.store.rewrite(self.generation, self._record(released=True).model_dump_json())
+            record = self._record(released=True, ended=ended, supervised=supervised)
+            self.store.rewrite(self.generation, record.model_dump_json())
         except LeaseLost:
             return
         except OSError as exc:  # it runs out by itself

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.endpoints import Endpoints
-from training.runstore import atomic, events, retention
+from training.runstore import atomic, attempts, events, retention
 from training.runstore.lease import FileLease, Lease, ObjectLease
 from training.runstore.listing import CHECKPOINTS, LATEST, LEASE, hidden, is_lease
 from training.runstore.location import (
@@ -114,12 +114,13 @@ class StoredRun:
             )
         self._running_low = low
 
-    def close(self) -> bool:
-        """The run's end: its last files stored, its lease released. True when the store
-        holds the whole run, written by this writer alone."""
+    def close(self, code: int | None = None) -> bool:
+        """The attempt's end (its exit status `code`, when known): its last files stored,
+        its lease released. True when the store holds the whole run, written by this
+        writer alone."""
         stored = self.mirror.close() if self.mirror is not None else True
         if self.lease is not None:
-            self.lease.release()
+            self.lease.release(ended=code, supervised=attempts.from_environment() is not None)
             stored = stored and self.lease.lost is None
         return stored
 
