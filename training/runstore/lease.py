@@ -27,6 +27,7 @@ conditional PUTs (an old MinIO or Ceph) refuses the lease's creation with a clea
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -49,6 +50,8 @@ TTL_S = 60.0
 RENEW_S = 15.0
 # How often a writer waiting for the run reads the holder's lease (its beat).
 WATCH_S = 2.0
+# What link(2) says on a volume without hard links (SMB-backed claims, some FUSE ones).
+NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
 
 Log = Callable[[str], None]
 
@@ -128,12 +131,33 @@ class FileLease:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.link(tmp, path)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise
+            except OSError as exc:
+                if exc.errno not in NO_HARD_LINKS:
+                    raise
+                return self._create_exclusively(path, text)  # a volume without hard links
             return True
         except FileExistsError:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _create_exclusively(path: Path, text: str) -> bool:
+        """O_CREAT|O_EXCL, also exclusive (NFSv3 and later): a reader may see the file
+        empty for a moment, which it watches as a lease it cannot read yet."""
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return True
 
     def rewrite(self, generation: int, text: str) -> None:
         atomic.write_text(self._path(generation), text)
