@@ -201,3 +201,20 @@ def test_of_two_writers_starting_in_the_same_instant_one_takes_the_run(
     write(took[0], "one", 1)
     assert took[0].close()
     assert stored_text(store, tmp_path, "metrics.csv") == "iteration,writer\n1,one\n"
+
+
+def test_on_a_claim_without_hard_links_the_lease_is_still_created_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    def no_links(src: object, dst: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    store = lease.FileLease(tmp_path / "r")
+    assert store.create(1, '{"holder": "a"}') is True
+    assert store.create(1, '{"holder": "b"}') is False
+    assert store.read(1) == '{"holder": "a"}' and store.generations() == [1]
+    assert [p.name for p in (tmp_path / "r" / "lease").iterdir()] == ["000000001.json"]

@@ -101,6 +101,26 @@ def test_a_directory_stores_run_is_followed_to_its_end(tmp_path: Path) -> None:
     follows_a_training(DirectoryRuns(tmp_path / "store"), training, tmp_path / "copy" / "r1")
 
 
+def test_a_supervised_runs_failed_attempt_is_followed_into_the_next_one(tmp_path: Path) -> None:
+    # Issue 63, item 13. Before: the failed attempt released (deleted) its lease and the
+    # follow ended, while the supervisor's next attempt went on training the run.
+    training = Training(tmp_path / "store")
+    failed = LEASE.replace("}", ', "released": true, "ended": 1, "supervised": true}')
+    lease2 = training.run / listing.lease_name(2)
+    training.steps = [
+        training.write(LEASE_FILE, failed.encode()),  # attempt 1 failed (its head lost)
+        training.append(EVENTS, b"\x01" * 8),  # nothing new for a poll or two
+        lambda: lease2.write_text(LEASE.replace('"generation": 1', '"generation": 2')),
+        training.write("metrics.csv", b"iteration,return\n1,0.5\n2,0.7\n"),  # attempt 2
+        lambda: lease2.write_text(RELEASED.replace('"generation": 1', '"generation": 2')),
+    ]
+    into = tmp_path / "copy" / "r1"
+    into.parent.mkdir(parents=True)
+    run_follow(DirectoryRuns(tmp_path / "store"), training, into)
+    assert (into / "metrics.csv").read_bytes() == b"iteration,return\n1,0.5\n2,0.7\n"
+    assert training.steps == []  # followed to the run's end, after attempt 2
+
+
 def test_a_claims_run_is_followed_through_the_head(tmp_path: Path) -> None:
     training = Training(tmp_path / "store")
     store, calls = claim_runs(tmp_path / "store")

@@ -320,6 +320,29 @@ def bucket_runs(tmp_path: Path, lines: list[str]) -> BucketRuns:
     return BucketRuns(RunStorage(uri="s3://b/p"), log=lines.append)
 
 
+def test_a_checkpoint_pruned_while_it_is_pulled_is_not_named_by_the_copys_latest(
+    tmp_path: Path, bucket: FakeBucket
+) -> None:
+    # Issue 63, item 15. Before: the pull wrote `latest` naming a checkpoint whose files
+    # the run's retention deleted while they were copied: a copy that does not load.
+    lines: list[str] = []
+    reader = bucket_runs(tmp_path, lines)
+    latest = bucket.text("b/p/r1/checkpoints/latest")
+    first = next(k for k in sorted(bucket.objects) if k.startswith(f"b/p/r1/checkpoints/{latest}/"))
+
+    def retention_meanwhile(path: str) -> None:
+        if path == first:
+            for k in [k for k in bucket.objects if k.startswith(f"b/p/r1/checkpoints/{latest}/")]:
+                if k != first:
+                    del bucket.objects[k]
+
+    bucket.on_request = retention_meanwhile
+    into = tmp_path / "copy" / "r1"
+    reader.pull("r1", into, latest_only=False, total=None)
+    assert not (into / "checkpoints" / "latest").exists()
+    assert any(f"{latest} was deleted by the run's retention while" in line for line in lines)
+
+
 def test_a_buckets_pull_falls_back_to_the_newest_whole_checkpoint_saying_so(
     tmp_path: Path, bucket: FakeBucket
 ) -> None:

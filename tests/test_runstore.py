@@ -26,7 +26,12 @@ from infra.topology import Topology
 from training.run import checkpoints, metrics
 from training.run.tensorboard import TensorBoardWriter
 from training.runstore import atomic, attempts, s3_store, stored_run
-from training.runstore.location import RunStorageError, check_room, check_run_name
+from training.runstore.location import (
+    RunStorageError,
+    RunStorageUnavailable,
+    check_room,
+    check_run_name,
+)
 from training.runstore.s3_store import Mirror, S3Location, restore
 from training.runstore.stored_run import StoredRun, open_stored_run
 
@@ -717,3 +722,61 @@ def test_a_bucket_holds_the_run_up_to_its_last_rounds_start_and_not_while_down(
         time.sleep(0.01)
     assert mirror.stored_through is not None and mirror.stored_through > first
     assert mirror.close(timeout_s=30)
+
+
+def test_a_heads_stale_staging_is_cleared_and_the_buckets_run_resumed(
+    tmp_path: Path, bucket: FakeBucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 63, item 12. Before: an earlier attempt's staging on the same head (its
+    # container restarted in place keeps /tmp) was uploaded again, and its local `latest`,
+    # which the bucket never had, resumed.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = open_stored_run(
+        Topology().endpoints().model_copy(update={"runs": RunStorage(uri="s3://b/p")}),
+        RUN, resume=None, log=print,
+    )  # fmt: skip
+    checkpoints.save(SavingAlgo(), first.run_dir / "checkpoints", meta(2))
+    first.sync()
+    assert first.close()
+    staging = tmp_path / "uerl-runs" / RUN
+    checkpoints.save(SavingAlgo(), staging / "checkpoints", meta(9))  # never uploaded
+    lines: list[str] = []
+    again = open_stored_run(
+        Topology().endpoints().model_copy(update={"runs": RunStorage(uri="s3://b/p")}),
+        RUN, resume="auto", log=lines.append,
+    )  # fmt: skip
+    try:
+        assert (again.run_dir / "checkpoints" / "latest").read_text() == "checkpoint_000002"
+        assert not (again.run_dir / "checkpoints" / "checkpoint_000009").exists()
+        assert any("an earlier attempt on this head left" in line for line in lines), lines
+    finally:
+        again.close()
+    assert key("checkpoints/checkpoint_000009/uerl.json") not in bucket.objects
+
+
+def test_a_write_check_an_earlier_start_left_is_deleted_by_the_next(bucket: FakeBucket) -> None:
+    # Issue 63, item 14. Before: a store gone between the check's write and its delete
+    # left the key for good (one per start that met an outage).
+    bucket.objects[key(".partial-0badc0de-write-check")] = b"uerl"
+    bucket.objects[key("metrics.csv")] = b"iteration\n1\n"
+    s3_store.check(LOCATION, RUN, log=print)
+    assert sorted(bucket.objects) == [key("metrics.csv")]
+
+
+def test_a_key_pruned_while_it_is_restored_is_an_outage_to_retry_not_bad_input(
+    tmp_path: Path, bucket: FakeBucket
+) -> None:
+    # Issue 63, item 16. Before: pyarrow's FileNotFoundError for the vanished key (an
+    # errno) was taken for this machine's disk: RunStorageError, exit status 2.
+    checkpoints.save(TwoFileAlgo(), tmp_path / "run" / "checkpoints", meta(4))
+    store(tmp_path / "run")
+    gone = key("checkpoints/checkpoint_000004/b.pkl")
+
+    def pruned_meanwhile(path: str) -> None:
+        if path == key("checkpoints/checkpoint_000004/a.pkl"):
+            bucket.objects.pop(gone, None)  # another writer's retention, mid-restore
+
+    bucket.on_request = pruned_meanwhile
+    with pytest.raises(RunStorageUnavailable, match="checkpoint_000004 was deleted while"):
+        restore(LOCATION, RUN, tmp_path / "again", print)
+    assert not (tmp_path / "again" / "checkpoints" / "latest").exists()

@@ -723,18 +723,26 @@ def test_a_supervisor_that_ends_otherwise_is_replaced_within_the_backoff_limit()
 
 
 def test_the_supervisor_is_given_the_ray_apis_token_from_the_stacks_secret() -> None:
-    [container] = job()["spec"]["template"]["spec"]["containers"]
-    assert [e for e in container["env"] if e["name"] == "RAY_AUTH_TOKEN"] == [
-        {"name": "RAY_AUTH_TOKEN",
-         "valueFrom": {"secretKeyRef": {"name": "uerl", "key": "auth_token"}}}
-    ]  # fmt: skip
+    # Mounted, not an env var from the Secret: the kubelet refreshes a mounted Secret when
+    # it is rotated, and the supervisor reads the file at each connection.
+    spec = job()["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    assert [e for e in container["env"] if e["name"].startswith("RAY_AUTH_TOKEN")] == [
+        {"name": "RAY_AUTH_TOKEN_FILE", "value": "/var/run/uerl/ray-token/auth_token"}
+    ]
+    [volume] = [v for v in spec["volumes"] if v["name"] == "ray-token"]
+    assert volume["secret"]["secretName"] == "uerl"
+    assert {"name": "ray-token", "mountPath": "/var/run/uerl/ray-token", "readOnly": True} in (
+        container["volumeMounts"]
+    )
 
 
 def test_a_stack_whose_ray_asks_for_no_token_gives_the_supervisor_none() -> None:
     endpoints = Topology.parse({"ray": {"auth": {"mode": "disabled"}}}).endpoints()
     made = supervisor_job.build(endpoints, HEAD_POD, "first", [], max_restarts=4)
     env = made["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert [e for e in env if e["name"] == "RAY_AUTH_TOKEN"] == []
+    assert [e for e in env if e["name"].startswith("RAY_AUTH_TOKEN")] == []
+    assert "ray-token" not in [v["name"] for v in made["spec"]["template"]["spec"]["volumes"]]
 
 
 def test_a_refused_token_ends_the_supervisor_at_once_as_bad_input() -> None:
@@ -755,6 +763,63 @@ def test_a_refused_token_ends_the_supervisor_at_once_as_bad_input() -> None:
         "from the stack's ray.token_secret): Authentication failed: Forbidden: Invalid "
         "authentication token"
     ]
+
+
+class TokenHead(Head):
+    """A head whose job API takes one token (`accepted`); the supervisor's client sends
+    the one its token source gave when it connected."""
+
+    def __init__(self, scripts: dict[str, list[str]], accepted: str) -> None:
+        super().__init__(scripts)
+        self.accepted = accepted
+        self.sent = accepted
+
+    def _up(self) -> None:
+        super()._up()
+        if self.sent != self.accepted:
+            raise RuntimeError("Authentication failed: Forbidden: Invalid authentication token")
+
+
+def token_supervisor(
+    head: TokenHead, clock: Clock, tokens: list[str]
+) -> tuple[Supervisor, list[str]]:
+    def connect() -> TokenHead:
+        head.sent = tokens[0]
+        return head
+
+    lines: list[str] = []
+    sup = Supervisor(connect, "r1", [], log=lines.append, tail_logs=LogTail,
+                     clock=lambda: clock.now, sleep=clock.sleep, out=lambda text: None,
+                     token=lambda: tokens[0])  # fmt: skip
+    return sup, lines
+
+
+def test_a_rotated_token_is_followed_once_the_mounted_secret_has_it() -> None:
+    # Issue 63, item 9. Before: the token was an env var fixed at the pod's start, and
+    # the first refusal after a rotation ended the supervision for good (exit 2, FailJob).
+    head = TokenHead({"uerl-r1-1": ["RUNNING"] * 40 + ["SUCCEEDED"]}, accepted="old")
+    clock, tokens = Clock(limit_s=3600), ["old"]
+
+    def rotate(now: float) -> None:
+        if now >= 30:
+            head.accepted = "new"  # the Secret rotated, the head restarted with it
+        if now >= 90:
+            tokens[0] = "new"  # the kubelet refreshed the mounted file a minute later
+
+    clock.on_sleep.append(rotate)
+    sup, lines = token_supervisor(head, clock, tokens)
+    assert sup.run() == 0
+    assert any("token was rotated; going on with the new one" in line for line in lines), lines
+    assert [s["submission_id"] for s in head.submitted] == ["uerl-r1-1"]
+
+
+def test_a_refused_token_that_stays_the_same_ends_the_supervisor_after_the_wait() -> None:
+    head = TokenHead({"uerl-r1-1": ["RUNNING"]}, accepted="new")
+    clock = Clock(limit_s=3600)
+    sup, lines = token_supervisor(head, clock, ["old"])
+    assert sup.run() == 2
+    assert 180 <= clock.now < 200
+    assert "refused this supervisor's token" in lines[-1]
 
 
 def test_the_supervisor_pod_passes_the_restricted_standard() -> None:

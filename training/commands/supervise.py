@@ -121,7 +121,7 @@ def main(argv: Sequence[str]) -> int:
     def connect():  # type: ignore[no-untyped-def]
         from ray.job_submission import JobSubmissionClient
 
-        # The token (RAY_AUTH_TOKEN, from the stack's Secret), sent as Ray's CLI would.
+        # The token (the stack's Secret, mounted: read now), sent as Ray's CLI would.
         return JobSubmissionClient(
             args.address, headers=token_client.headers(token_client.token_from_env())
         )
@@ -140,6 +140,8 @@ def main(argv: Sequence[str]) -> int:
         max_restarts=args.max_restarts,
         # Its Job's uid, in a supervisor Job's pod; unset when run by hand.
         supervision=os.environ.get(SUPERVISION_VARIABLE) or None,
+        # Read again after a refusal: a rotated Secret reaches the mounted file.
+        token=token_client.token_from_env,
     )
     # Its pod deleted: as the container's first process it would ignore SIGTERM (no
     # default action for PID 1) and go on beside the pod the Job makes in its place.

@@ -179,7 +179,7 @@ def ended(code: int, stored: StoredRun | None) -> int:
     """The exit status once the run is stored: a run its store did not take whole is no
     success (1: the job FAILED, and a supervised run resumes from what is stored)."""
     said_head_stopping(code)
-    if stored is None or stored.close():
+    if stored is None or stored.close(code):
         return code
     print(f"{PROG}: the run is not all in {stored.where}", file=sys.stderr)
     return 1 if code == 0 else code

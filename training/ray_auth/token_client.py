@@ -7,7 +7,8 @@ A stack's RayCluster asks for the token on every call (`ray.auth`, KubeRay's
 `authOptions`); the endpoints name the Secret holding it (`ray.token_secret`). Ray's
 own processes in the stack's pods get it from KubeRay as RAY_AUTH_TOKEN; uerl's clients
 outside them send it themselves: `uerl submit` reads it from the Secret through the
-Kubernetes API, `uerl supervise` is given it as RAY_AUTH_TOKEN by its Job."""
+Kubernetes API, `uerl supervise` reads it from the Secret its Job mounts (RAY_AUTH_TOKEN_FILE),
+at each connection, so a rotated token is followed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ import os
 
 from infra.topology import RAY_AUTH_TOKEN_ENV, RAY_AUTH_TOKEN_KEY
 
-__all__ = ["RAY_AUTH_TOKEN_ENV", "RAY_AUTH_TOKEN_KEY", "headers", "is_refusal", "token_from_env"]
+__all__ = [
+    "RAY_AUTH_TOKEN_ENV",
+    "RAY_AUTH_TOKEN_FILE_ENV",
+    "RAY_AUTH_TOKEN_KEY",
+    "headers",
+    "is_refusal",
+    "token_from_env",
+]
 
 # What Ray's job client says on a 401 (no token) or 403 (another token): its
 # AuthenticationError's message starts so (ray/_private/authentication).
@@ -27,8 +35,21 @@ def headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+# A file holding the token (a mounted Secret, which the kubelet keeps up to date when the
+# Secret is rotated): read at each use, so a long-lived client follows a rotation.
+RAY_AUTH_TOKEN_FILE_ENV = "RAY_AUTH_TOKEN_FILE"
+
+
 def token_from_env() -> str | None:
-    """The token this process was given (RAY_AUTH_TOKEN), if any."""
+    """The token this process was given: the file RAY_AUTH_TOKEN_FILE names, read now,
+    else RAY_AUTH_TOKEN; None if neither (or the file cannot be read)."""
+    path = os.environ.get(RAY_AUTH_TOKEN_FILE_ENV)
+    if path:
+        try:
+            with open(path) as fh:
+                return fh.read().strip() or None
+        except OSError:
+            return None
     return os.environ.get(RAY_AUTH_TOKEN_ENV) or None
 
 

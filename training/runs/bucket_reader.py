@@ -134,6 +134,7 @@ class BucketRuns:
             latest = latest_whole(s3, self.location, name, named, sizes, self.log)
             targets = local_targets(self.location, name, files, into)
             pointer = f"{CHECKPOINTS}/{LATEST}"
+            pruned: list[str] = []
             for relative in files:
                 if relative == pointer or not wanted(relative, latest, latest_only=latest_only):
                     continue
@@ -146,11 +147,20 @@ class BucketRuns:
                             out.write(chunk)
                             progress.add(len(chunk))
                 except FileNotFoundError:  # pruned since it was listed
+                    pruned.append(relative)
                     continue
         except OSError as exc:
             if exc.errno is not None:  # this machine's disk (full, not writable): the caller's
                 raise
             raise failure(exc, self.location) from None
+        if latest is not None and any(r.startswith(f"{CHECKPOINTS}/{latest}/") for r in pruned):
+            # Retention removed it while it was copied: `latest` names no checkpoint the
+            # copy holds whole, so the copy gets none (said).
+            self.log(
+                f"{name}: {latest} was deleted by the run's retention while it was pulled; "
+                "the copy has no checkpoints/latest (pull again for the newest)"
+            )
+            latest = None
         if latest is not None:
             (into / pointer).write_text(latest)
         return progress.finish()

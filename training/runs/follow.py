@@ -8,7 +8,8 @@ TensorBoard that has it open reads on; another change replaces it whole (renamed
 it). Nothing of the copy is ever deleted: a checkpoint the run's retention pruned, or a
 file of the user's own, stays. The follow ends when the run has: its writer releases its
 lease (`lease/`, training.runstore.lease) after storing its last files, so a poll that
-finds it released copies those and ends.
+finds it released copies those and ends; a supervised run's failed attempt releases it
+too, and the follow waits for the supervisor's next attempt.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from typing import IO, Protocol
 
 from training.runstore.atomic import PARTIAL_PREFIX
 from training.runstore.lease import RENEW_S, TTL_S
-from training.runstore.listing import CHECKPOINTS, LATEST, wanted, within
+from training.runstore.listing import (
+    CHECKPOINTS,
+    LATEST,
+    next_attempt_awaited,
+    wanted,
+    within,
+)
 from training.runstore.location import RunStorageError, RunStorageUnavailable
 from training.submit.submit_error import SubmitError
 
@@ -33,6 +40,9 @@ DEFAULT_INTERVAL_S = 10.0
 MTIME_SLACK_S = 1e-3
 # A lease unchanged this long (by this machine's clock): its writer stopped renewing it.
 STALE_S = TTL_S + RENEW_S
+# A supervised run's failed attempt: its next one is waited for this long (a supervisor
+# waits as long for a head, then gives up).
+NEXT_ATTEMPT_WAIT_S = 1800.0
 CHUNK = 1 << 20
 
 
@@ -195,6 +205,15 @@ def follow(
                 log(f"{name}: the store answers again")
             report.polls += 1
             if state.lease is None:
+                report.finished = True
+                return report
+            awaited = next_attempt_awaited(state.lease) and state.lease == lease_seen
+            if awaited and time.monotonic() - lease_since > NEXT_ATTEMPT_WAIT_S:
+                log(
+                    f"{name}: its last attempt failed and no attempt followed in "
+                    f"{NEXT_ATTEMPT_WAIT_S / 60:.0f} minutes (its supervisor gave up?); "
+                    "the copy is as the run was stored"
+                )
                 report.finished = True
                 return report
             if state.lease != lease_seen:

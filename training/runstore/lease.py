@@ -27,6 +27,7 @@ conditional PUTs (an old MinIO or Ceph) refuses the lease's creation with a clea
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -49,6 +50,8 @@ TTL_S = 60.0
 RENEW_S = 15.0
 # How often a writer waiting for the run reads the holder's lease (its beat).
 WATCH_S = 2.0
+# What link(2) says on a volume without hard links (SMB-backed claims, some FUSE ones).
+NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
 
 Log = Callable[[str], None]
 
@@ -69,7 +72,11 @@ class LeaseRecord(BaseModel):
     beat: int  # renewals so far: a watcher sees it change while the holder lives
     renewed_at: float  # the holder's wall clock, for people only
     ttl_s: float
-    released: bool = False  # the run's end: the next writer takes it at once
+    released: bool = False  # the attempt's end: the next writer takes it at once
+    # With `released`: the attempt's exit status, and whether a supervisor runs the run
+    # (uerl supervise: a failed attempt is followed by another, so the run goes on).
+    ended: int | None = None
+    supervised: bool = False
 
     def age_s(self, now: float) -> float:
         """By the holder's clock against `now`: a hint for refusing at once, never for
@@ -124,12 +131,33 @@ class FileLease:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.link(tmp, path)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise
+            except OSError as exc:
+                if exc.errno not in NO_HARD_LINKS:
+                    raise
+                return self._create_exclusively(path, text)  # a volume without hard links
             return True
         except FileExistsError:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _create_exclusively(path: Path, text: str) -> bool:
+        """O_CREAT|O_EXCL, also exclusive (NFSv3 and later): a reader may see the file
+        empty for a moment, which it watches as a lease it cannot read yet."""
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return True
 
     def rewrite(self, generation: int, text: str) -> None:
         atomic.write_text(self._path(generation), text)
@@ -270,7 +298,9 @@ class Lease:
             "renewing it); one writer at a time: try again once it ends"
         )
 
-    def _record(self, *, released: bool = False) -> LeaseRecord:
+    def _record(
+        self, *, released: bool = False, ended: int | None = None, supervised: bool = False
+    ) -> LeaseRecord:
         assert self.generation is not None
         return LeaseRecord(
             holder=self.holder,
@@ -280,6 +310,8 @@ class Lease:
             renewed_at=time.time(),
             ttl_s=TTL_S,
             released=released,
+            ended=ended,
+            supervised=supervised,
         )
 
     # ---- the fence -----------------------------------------------------------------
@@ -340,10 +372,12 @@ class Lease:
                     )
                 failing = True
 
-    def release(self) -> None:
+    def release(self, *, ended: int | None = None, supervised: bool = False) -> None:
         """Stop renewing; if the run is still this writer's, its lease says released
         (kept: the generations only grow, so a long-paused writer of an older one is
-        fenced whoever comes next)."""
+        fenced whoever comes next), with the attempt's exit status `ended` and whether a
+        supervisor carries the run on (a reader follows a supervised run past a failed
+        attempt)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(RENEW_S)
@@ -351,7 +385,8 @@ class Lease:
             return
         try:
             self.check()
-            self.store.rewrite(self.generation, self._record(released=True).model_dump_json())
+            record = self._record(released=True, ended=ended, supervised=supervised)
+            self.store.rewrite(self.generation, record.model_dump_json())
         except LeaseLost:
             return
         except OSError as exc:  # it runs out by itself

@@ -51,16 +51,31 @@ def lease_generation(relative: str) -> int | None:
 
 def held_lease(texts: dict[int, str | None]) -> str | None:
     """What a reader takes for the run's lease, from its leases' texts by generation: the
-    newest's text while its writer holds it; None once that writer released it (the run
-    has ended) or when there is none."""
+    newest's text while the run goes on (its writer holds it, or it is a supervised run's
+    failed attempt's: the supervisor's next attempt carries the run on); None once the
+    run has ended (released otherwise) or when there is none."""
     if not texts:
         return None
     text = texts[max(texts)]
+    if text is None:
+        return None
     try:
-        released = text is None or bool(json.loads(text).get("released"))
+        record = json.loads(text)
+        ended = bool(record.get("released")) and not (
+            record.get("supervised") and record.get("ended") not in (0, None)
+        )
     except (ValueError, AttributeError):
-        released = False  # damaged: a writer may still hold it
-    return None if released else text
+        ended = False  # damaged: a writer may still hold it
+    return None if ended else text
+
+
+def next_attempt_awaited(text: str | None) -> bool:
+    """Whether the lease a reader holds (`held_lease`) is a supervised run's failed
+    attempt's, released: the run waits for the supervisor's next attempt."""
+    try:
+        return text is not None and bool(json.loads(text).get("released"))
+    except (ValueError, AttributeError):
+        return False
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ Log = Callable[[str], None]
 T = TypeVar("T")
 
 
+WRITE_CHECK = "write-check"  # the key `check` writes and deletes, below its hidden prefix
+
+
 def _unfenced(*, store: bool = True) -> None:
     """No lease to check (a mirror of tests and benchmarks)."""
 
@@ -263,10 +266,17 @@ def check(
                 f"runs.s3.bucket: bucket {location.bucket!r} does not exist at "
                 f"{location.endpoint or 'AWS S3'}"
             )
-        key = location.key(run_name, f"{PARTIAL_PREFIX}{atomic.WRITER}-write-check")
+        key = location.key(run_name, f"{PARTIAL_PREFIX}{atomic.WRITER}-{WRITE_CHECK}")
         with s3.open_output_stream(key) as out:
             out.write(b"uerl")
         s3.delete_file(key)
+        # An earlier check's, left when its store went away between its write and its
+        # delete (hidden from every reader, but kept for good otherwise).
+        top = fs.FileSelector(location.key(run_name), allow_not_found=True)
+        for info in s3.get_file_info(top):
+            name = info.base_name
+            if name.startswith(PARTIAL_PREFIX) and name.endswith(f"-{WRITE_CHECK}"):
+                s3.delete_file(info.path)
 
     try:
         patiently(location, "checking the bucket", probe, log, wait_s)
@@ -365,12 +375,19 @@ def restore(
         return False
     from pyarrow import fs
 
+    vanished: list[str] = []
+
     def copy() -> None:
         for relative in taken:
             targets[relative].parent.mkdir(parents=True, exist_ok=True)
-            fs.copy_files(
-                location.key(run_name, relative), str(targets[relative]), source_filesystem=s3
-            )
+            try:
+                fs.copy_files(
+                    location.key(run_name, relative), str(targets[relative]), source_filesystem=s3
+                )
+            except FileNotFoundError:
+                if s3.get_file_info(location.key(run_name, relative)).type != fs.FileType.NotFound:
+                    raise  # the key is there: this machine's side
+                vanished.append(relative)  # the store's key, gone since it was listed
 
     try:
         patiently(location, "restoring the run", copy, log, wait_s)
@@ -378,6 +395,11 @@ def restore(
         if exc.errno is not None:  # this machine's disk, not the store
             raise RunStorageError(f"{FIELD}: restoring into {local}: {exc}") from None
         raise failure(exc, location) from None
+    if latest is not None and any(r.startswith(f"{CHECKPOINTS}/{latest}/") for r in vanished):
+        raise RunStorageUnavailable(
+            f"{FIELD}: {location.uri(run_name)}: {latest} was deleted while it was restored "
+            "(another writer's retention?); try again"
+        )
     if latest is not None:  # last, as the run wrote it: it names a checkpoint now here
         atomic.write_text(local / pointer, latest)
     size = sum(files[relative] for relative in taken)

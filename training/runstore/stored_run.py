@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.endpoints import Endpoints
-from training.runstore import atomic, events, retention
+from training.runstore import atomic, attempts, events, retention
 from training.runstore.lease import FileLease, Lease, ObjectLease
 from training.runstore.listing import CHECKPOINTS, LATEST, LEASE, hidden, is_lease
 from training.runstore.location import (
@@ -114,12 +114,13 @@ class StoredRun:
             )
         self._running_low = low
 
-    def close(self) -> bool:
-        """The run's end: its last files stored, its lease released. True when the store
-        holds the whole run, written by this writer alone."""
+    def close(self, code: int | None = None) -> bool:
+        """The attempt's end (its exit status `code`, when known): its last files stored,
+        its lease released. True when the store holds the whole run, written by this
+        writer alone."""
         stored = self.mirror.close() if self.mirror is not None else True
         if self.lease is not None:
-            self.lease.release()
+            self.lease.release(ended=code, supervised=attempts.from_environment() is not None)
             stored = stored and self.lease.lost is None
         return stored
 
@@ -215,6 +216,7 @@ def open_stored_run(
         log,
     )
     _take(lease, local, resume=resume)
+    _clear_staging(local, log)
     try:
         restored = resume is not None and restore(location, run_name, local, log)
         if resume not in (None, "auto") and not restored:
@@ -243,6 +245,23 @@ def open_stored_run(
         log=log,
         fresh=all(is_lease(relative) for relative in stored),
     )
+
+
+def _clear_staging(local: Path, log: Log) -> None:
+    """A bucket run's staging on this head, emptied before the run is brought back: what
+    an earlier attempt left there (a head container restarted in place keeps its /tmp)
+    may be what the bucket never took, or a `latest` it never had; the bucket, written
+    under the run's lease, is the run. Said when it held files."""
+    if not local.is_dir():
+        return
+    left = [path for path in local.rglob("*") if path.is_file()]
+    shutil.rmtree(local, ignore_errors=True)
+    if left:
+        log(
+            f"run storage: {local} held {len(left)} file(s) an earlier attempt on this head "
+            "left (not all stored, perhaps); removed: the bucket's copy of the run is the one "
+            "resumed"
+        )
 
 
 def _holds_a_run(run_dir: Path) -> bool:

@@ -22,7 +22,7 @@ from infra.endpoints import Endpoints
 from infra.manifests import pod_security
 from infra.manifests.pod_security import RAY_GID, RAY_UID
 from infra.topology import SUPERVISOR_APP
-from training.ray_auth.token_client import RAY_AUTH_TOKEN_ENV, RAY_AUTH_TOKEN_KEY
+from training.ray_auth.token_client import RAY_AUTH_TOKEN_FILE_ENV, RAY_AUTH_TOKEN_KEY
 from training.runstore.attempts import SUPERVISION_VARIABLE
 
 # The label the Job controller gives each pod of a Job: the Job's uid.
@@ -83,16 +83,32 @@ def pod_labels(instance: str, run_name: str) -> dict[str, str]:
     }
 
 
+# Where the supervisor's pod mounts the stack's token Secret: the kubelet refreshes a
+# mounted Secret when it changes (an env var from it is fixed at the pod's start).
+TOKEN_VOLUME = "ray-token"
+TOKEN_DIR = "/var/run/uerl/ray-token"
+
+
 def _token_env(endpoints: Endpoints) -> list[dict[str, Any]]:
+    if endpoints.ray.token_secret is None:
+        return []
+    return [{"name": RAY_AUTH_TOKEN_FILE_ENV, "value": f"{TOKEN_DIR}/{RAY_AUTH_TOKEN_KEY}"}]
+
+
+def _token_volume(endpoints: Endpoints) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the pod's volumes, the container's mounts) for the token Secret; none without."""
     secret = endpoints.ray.token_secret
     if secret is None:
-        return []
-    return [
-        {
-            "name": RAY_AUTH_TOKEN_ENV,
-            "valueFrom": {"secretKeyRef": {"name": secret, "key": RAY_AUTH_TOKEN_KEY}},
-        }
-    ]
+        return [], []
+    volume = {
+        "name": TOKEN_VOLUME,
+        "secret": {
+            "secretName": secret,
+            "items": [{"key": RAY_AUTH_TOKEN_KEY, "path": RAY_AUTH_TOKEN_KEY}],
+            "defaultMode": 0o444,  # the supervisor runs as the Ray user, not the owner
+        },
+    }
+    return [volume], [{"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True}]
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -147,8 +163,8 @@ def build(
                     "--",
                     *train_args,
                 ],
-                # The token the head's job API asks for, from the Secret KubeRay gives
-                # the Ray pods (never in the Job's spec).
+                # The token the head's job API asks for: the file of the Secret KubeRay
+                # gives the Ray pods, mounted (never in the Job's spec).
                 "env": [
                     *_token_env(endpoints),
                     # Its supervision: the Job's uid, the same in each pod it replaces.
@@ -173,6 +189,10 @@ def build(
             }
         ],
     }
+    volumes, mounts = _token_volume(endpoints)
+    if volumes:
+        pod_spec["volumes"] = volumes
+        pod_spec["containers"][0]["volumeMounts"] = mounts
     pod_security.restrict(pod_spec)  # as every pod of the stack: `restricted`
     for key in ("imagePullSecrets", "nodeSelector", "affinity", "tolerations"):
         if spec.get(key):

@@ -50,6 +50,8 @@ SUPERVISION_METADATA = "uerl_supervision"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 BAD_INPUT = 2
 POLL_S = 5.0
+# A refused token waited on for a rotation to reach the mounted Secret, at most.
+TOKEN_WAIT_S = 180.0
 # How long the head may stay unreachable before the supervisor gives up: KubeRay makes
 # a new head pod at once, but its image may need pulling and its node scheduling.
 HEAD_WAIT_S = 1800.0
@@ -171,8 +173,14 @@ class Supervisor:
         sleep: Callable[[float], None] = time.sleep,
         out: Callable[[str], None] | None = None,
         supervision: str | None = None,
+        token: Callable[[], str | None] | None = None,
+        token_wait_s: float = TOKEN_WAIT_S,
     ) -> None:
         self._connect = connect
+        # The token as it is now (a mounted Secret, read at each connection); None: fixed.
+        self.token = token
+        self.token_wait_s = token_wait_s
+        self._connected_token: str | None = None
         # This supervision's id (its Job's uid; None: a `uerl supervise` by hand).
         self.supervision = supervision
         self._client: SuperviseClient | None = None
@@ -193,6 +201,7 @@ class Supervisor:
 
     def _api(self) -> SuperviseClient:
         if self._client is None:
+            self._connected_token = self.token() if self.token is not None else None
             self._client = self._connect()
         return self._client
 
@@ -353,16 +362,38 @@ class Supervisor:
             self.sleep(RECORD_RETRY_S)
 
     def run(self) -> int:
-        try:
-            return self._run()
-        except GiveUp as exc:
-            return self._give_up(exc.outcome)
-        except TokenRefused as exc:
-            self.log(
-                f"run {self.run_name}: the Ray head's job API refused this supervisor's "
-                f"token (RAY_AUTH_TOKEN, from the stack's ray.token_secret): {exc}"
-            )
-            return BAD_INPUT
+        while True:
+            try:
+                return self._run()
+            except GiveUp as exc:
+                return self._give_up(exc.outcome)
+            except TokenRefused as exc:
+                if self._token_rotated():  # the head has the new one, and now so do we
+                    self.log(
+                        f"run {self.run_name}: the stack's Ray token was rotated; going on "
+                        "with the new one"
+                    )
+                    continue
+                self.log(
+                    f"run {self.run_name}: the Ray head's job API refused this supervisor's "
+                    f"token (RAY_AUTH_TOKEN, from the stack's ray.token_secret): {exc}"
+                )
+                return BAD_INPUT
+
+    def _token_rotated(self) -> bool:
+        """After a refusal: whether the token changed from the one the refused call sent,
+        waiting up to token_wait_s for the mounted Secret to follow a rotation (the
+        kubelet refreshes it within a minute or two)."""
+        if self.token is None:
+            return False
+        since = self.clock()
+        while True:
+            if self.token() != self._connected_token:
+                self._client = None
+                return True
+            if self.clock() - since >= self.token_wait_s:
+                return False
+            self.sleep(self.poll_s)
 
     def _run(self) -> int:
         attempt, status, supervision = self._last_attempt()
