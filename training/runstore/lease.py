@@ -372,16 +372,20 @@ class Lease:
                     )
                 failing = True
 
+    def _stopped_and_still_held(self) -> bool:
+        """Stop renewing; whether the run was this writer's until then."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(RENEW_S)
+        return self.lost is None and self.generation is not None
+
     def release(self, *, ended: int | None = None, supervised: bool = False) -> None:
         """Stop renewing; if the run is still this writer's, its lease says released
         (kept: the generations only grow, so a long-paused writer of an older one is
         fenced whoever comes next), with the attempt's exit status `ended` and whether a
         supervisor carries the run on (a reader follows a supervised run past a failed
         attempt)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(RENEW_S)
-        if self.lost is not None or self.generation is None:
+        if not self._stopped_and_still_held():
             return
         try:
             self.check()
@@ -395,10 +399,7 @@ class Lease:
     def discard(self) -> None:
         """Stop renewing, and delete the lease if the run is still this writer's: a run
         whose start failed before it recorded anything leaves no trace (StoredRun.discard)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(RENEW_S)
-        if self.lost is not None or self.generation is None:
+        if not self._stopped_and_still_held():
             return
         try:
             self.check()
