@@ -4,8 +4,11 @@ waits for them, at most Ray's grace for a stopped job. Against a fake job API.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from training.headstop.stop_jobs import stop_running_jobs
 
@@ -56,3 +59,25 @@ def test_a_job_that_does_not_end_is_waited_for_at_most_the_grace() -> None:
                              sleep=clock.sleep)  # fmt: skip
     assert left == ["uerl-r1-1"] and 120 <= clock.now <= 121
     assert "still running after 120 s: uerl-r1-1" in lines[-1]
+
+
+def test_a_head_whose_job_api_does_not_answer_ends_its_hook_in_seconds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tempfile
+    import time
+
+    import ray.job_submission
+
+    from training.headstop import stop_jobs
+
+    def hangs(*args: object, **kwargs: object) -> None:
+        time.sleep(60)  # Ray's client connecting to a dashboard that is gone
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", hangs)
+    monkeypatch.setattr(stop_jobs, "CONNECT_WAIT_S", 1)
+    started = time.monotonic()
+    assert stop_jobs.main([]) == 1
+    assert time.monotonic() - started < 30  # a hang guard, not a speed goal
+    assert "did not answer within 1 s" in capsys.readouterr().err

@@ -9,6 +9,7 @@ after it (infra.manifests.raycluster)."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ from training.runstore.events import HEAD_STOPPING_MARKER
 
 RUNNING = ("PENDING", "RUNNING")
 POLL_S = 1.0
+CONNECT_WAIT_S = 15  # the job API's first answer, at most
 
 
 def stop_running_jobs(
@@ -30,9 +32,11 @@ def stop_running_jobs(
     log: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    answered: Callable[[], object] = lambda: None,
 ) -> list[str]:
     """Stops every running job of `client` (Ray's JobSubmissionClient) and waits up to
-    `wait_s` for them to end; the ids of those still running then."""
+    `wait_s` for them to end; the ids of those still running then. `answered` is called
+    once the job API has answered (its first listing)."""
 
     def running() -> list[str]:
         return [
@@ -42,6 +46,7 @@ def stop_running_jobs(
         ]
 
     jobs = running()
+    answered()
     for job_id in jobs:
         log(f"the head is stopping: stopping job {job_id} (its driver gets SIGTERM)")
         client.stop_job(job_id)
@@ -55,6 +60,10 @@ def stop_running_jobs(
     return left
 
 
+def _no_answer(_signum: int, _frame: object) -> None:
+    raise TimeoutError(f"the head's job API did not answer within {CONNECT_WAIT_S} s")
+
+
 def main(argv: Sequence[str]) -> int:
     from ray.job_submission import JobSubmissionClient
 
@@ -63,12 +72,16 @@ def main(argv: Sequence[str]) -> int:
     del argv
     # First the mark its jobs' drivers read when they are stopped (events.HEAD_STOPPING).
     (Path(tempfile.gettempdir()) / HEAD_STOPPING_MARKER).touch()
+    # A head whose Ray is already gone must not hold its pod's deletion for the whole
+    # grace: the job API answers within this, or the hook ends.
+    signal.signal(signal.SIGALRM, _no_answer)
+    signal.alarm(CONNECT_WAIT_S)
     try:
         client = JobSubmissionClient(
             f"http://127.0.0.1:{DASHBOARD_PORT}",
             headers=token_client.headers(token_client.token_from_env()),
         )
-        stop_running_jobs(client)
+        stop_running_jobs(client, answered=lambda: signal.alarm(0))
     except Exception as exc:  # the pod stops all the same: said, in its events
         print(f"the head's jobs were not stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
