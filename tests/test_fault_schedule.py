@@ -677,3 +677,36 @@ def test_latest_naming_a_checkpoint_a_file_of_which_is_missing_or_short_breaks_i
         stored = fsch.StoredRun(files=frozenset(sizes), latest="checkpoint_000002",
                                 latest_meta=meta, sizes=sizes)  # fmt: skip
         assert bool(fsch.latest_problems(stored)) is broken, sizes
+
+
+def lease_text(generation: int, holder: str) -> str:
+    return json.dumps({"holder": holder, "generation": generation, "beat": 0})
+
+
+def test_a_lease_generation_going_back_or_changing_holder_breaks_the_fence() -> None:
+    holders: dict[int, str] = {}
+    first = fsch.StoredRun(leases={1: lease_text(1, "a")})
+    assert fsch.lease_problems(first, holders, 0) == []
+    taken = fsch.StoredRun(leases={1: lease_text(1, "a"), 2: lease_text(2, "b")})
+    assert fsch.lease_problems(taken, holders, 1) == []
+    back = fsch.StoredRun(leases={1: lease_text(1, "a")})
+    assert fsch.lease_problems(back, holders, 2) == [
+        "the lease's newest generation is 1, after 2 was seen"
+    ]
+    overwritten = fsch.StoredRun(leases={2: lease_text(2, "a")})
+    assert fsch.lease_problems(overwritten, holders, 2) == ["lease 2 was held by b, then by a"]
+
+
+def test_retention_losing_one_of_the_newest_checkpoints_breaks_it() -> None:
+    def stored(*iterations: int, latest: int) -> fsch.StoredRun:
+        files = {f"checkpoints/checkpoint_{i:06d}/uerl.json" for i in iterations}
+        return fsch.StoredRun(files=frozenset(files), latest=f"checkpoint_{latest:06d}")
+
+    seen: set[str] = set()
+    assert fsch.newest_kept_problems(stored(2, 4, 6, latest=6), seen, 2) == []
+    assert fsch.newest_kept_problems(stored(4, 6, 8, latest=8), seen, 2) == []  # 2 pruned
+    assert fsch.newest_kept_problems(stored(4, 8, latest=8), seen, 2) == [
+        "checkpoint_000006, among the newest 2, is gone"
+    ]
+    # Stored whole past `latest` (its pointer not up yet): not counted until named.
+    assert fsch.newest_kept_problems(stored(6, 8, 10, latest=8), seen, 2) == []

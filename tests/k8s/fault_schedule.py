@@ -40,6 +40,7 @@ from training.runstore.listing import (
     META,
     hidden,
     holds_whole,
+    lease_generation,
     read_checkpoint_meta,
 )
 from training.runstore.retention import METRICS, iteration_of
@@ -82,6 +83,7 @@ ATTEMPTS_APART = "attempts consecutive and never overlapping"
 REDONE = "at most one checkpoint interval redone per fault"
 RETENTION = "retention held"
 NO_PARTIAL = "no write in progress stored"
+LEASE_FENCED = "the lease's generations only grow, one holder each"
 CHECKER = "the checker itself"
 
 
@@ -296,6 +298,8 @@ class StoredRun:
     # Each file's bytes, as listed (None: not known, `files` only): a checkpoint is whole
     # when each file its uerl.json names is stored at its size (listing.holds_whole).
     sizes: Mapping[str, int] | None = None
+    # The run's lease files' texts by generation (training.runstore.lease), as read.
+    leases: Mapping[int, str | None] = field(default_factory=dict)
 
     def checkpoints(self) -> dict[str, bool]:
         """Each checkpoint with a file stored, and whether it is whole (its uerl.json,
@@ -363,9 +367,15 @@ def read_stored(filesystem: Any, root: str) -> StoredRun:
         if info.type == fs.FileType.File
     }
     metrics = text(METRICS)
+    leases = {
+        generation: text(relative)
+        for relative in sizes
+        if (generation := lease_generation(relative)) is not None
+    }
     return StoredRun(
         files=frozenset(sizes),
         sizes=sizes,
+        leases=leases,
         latest=latest,
         latest_meta=text(f"{CHECKPOINTS}/{latest}/{META}") if latest else None,
         metrics=None if metrics is None else metrics_iterations(metrics),
@@ -397,6 +407,44 @@ def latest_problems(stored: StoredRun) -> list[str]:
     ):
         return [f"checkpoints/latest names {name}, a file of which the store does not hold whole"]
     return []
+
+
+def lease_problems(stored: StoredRun, holders: dict[int, str], newest: int) -> list[str]:
+    """The run's lease as the fence needs it: its newest generation never below one seen
+    before (`newest`), each generation's file naming its own number and keeping the
+    holder it was first seen with (`holders`, updated here)."""
+    problems = []
+    if stored.leases and max(stored.leases) < newest:
+        problems.append(
+            f"the lease's newest generation is {max(stored.leases)}, after {newest} was seen"
+        )
+    for generation, text in sorted(stored.leases.items()):
+        try:
+            record = json.loads(text or "")
+        except ValueError:
+            continue  # read mid-creation (a volume without hard links): the next round
+        if not isinstance(record, dict):
+            continue
+        if record.get("generation") != generation:
+            problems.append(f"lease {generation}'s file says generation {record.get('generation')}")
+        holder = str(record.get("holder"))
+        if holders.setdefault(generation, holder) != holder:
+            problems.append(
+                f"lease {generation} was held by {holders[generation]}, then by {holder}"
+            )
+    return problems
+
+
+def newest_kept_problems(stored: StoredRun, ever_whole: set[str], keep: int | None) -> list[str]:
+    """Retention keeps the newest `keep` checkpoints: of those seen stored whole (in
+    `ever_whole`, updated here) up to the one `latest` names, none of the newest `keep`
+    is gone."""
+    whole = {name for name, is_whole in stored.checkpoints().items() if is_whole}
+    ever_whole |= whole
+    if keep is None or stored.latest is None:
+        return []
+    upto = sorted(name for name in ever_whole if name <= stored.latest)[-keep:]
+    return [f"{name}, among the newest {keep}, is gone" for name in upto if name not in whole]
 
 
 def metrics_problems(iterations: Sequence[int] | None) -> list[str]:
@@ -640,6 +688,10 @@ class Checker:
         self._struck: list[Struck] = []
         self._last_running: dict[str, float] = {}  # job -> when last seen RUNNING (epoch s)
         self._latest_seen = False
+        self._lease_holders: dict[int, str] = {}  # generation -> its holder, as first seen
+        self._newest_lease = 0
+        self._ever_whole: set[str] = set()  # checkpoints seen stored whole
+        self._gone_last_round: set[str] = set()
         self._over_since: float | None = None  # retention over its limit since
         self._unanswered_since: float | None = None  # the job API, with a head ready
         self._lock = threading.Lock()
@@ -757,6 +809,15 @@ class Checker:
         if not self.partials_allowed:
             for relative in partial_files(stored):
                 self._violate(NO_PARTIAL, f"the store holds {relative}, a write in progress")
+        for problem in lease_problems(stored, self._lease_holders, self._newest_lease):
+            self._violate(LEASE_FENCED, problem)
+        self._newest_lease = max([self._newest_lease, *stored.leases])
+        # Gone two rounds running: a checkpoint saved again under its name (a redone
+        # iteration) is renamed over the old one, missing for a moment on a claim.
+        gone = set(newest_kept_problems(stored, self._ever_whole, self.keep))
+        for problem in sorted(gone & self._gone_last_round):
+            self._violate(RETENTION, problem)
+        self._gone_last_round = gone
         self._check_retention(stored)
         self.most_checkpoints = max(self.most_checkpoints, len(stored.checkpoints()))
         self.last_stored = stored
