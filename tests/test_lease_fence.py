@@ -218,3 +218,24 @@ def test_on_a_claim_without_hard_links_the_lease_is_still_created_once(
     assert store.create(1, '{"holder": "b"}') is False
     assert store.read(1) == '{"holder": "a"}' and store.generations() == [1]
     assert [p.name for p in (tmp_path / "r" / "lease").iterdir()] == ["000000001.json"]
+
+
+def test_a_bucket_without_conditional_writes_is_refused_at_start_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.runstore.location import RunStorageError
+    from training.runstore.s3_store import S3Location
+
+    bucket = fake_bucket.install(monkeypatch)
+    monkeypatch.setattr(stored_run, "staging_root", lambda: tmp_path / "head")
+
+    def no_conditional_put(self: S3Location, key: str, data: bytes) -> bool:
+        raise NotImplementedError(
+            "endpoints runs.uri (topology runs): s3://b/p: the store does not take "
+            "conditional writes (If-None-Match), which the run's lease needs"
+        )
+
+    monkeypatch.setattr(S3Location, "put_if_absent", no_conditional_put)
+    with pytest.raises(RunStorageError, match=r"^--run-name r: endpoints runs.uri .*If-None-Match"):
+        open_stored_run(endpoints("bucket", tmp_path), RUN, resume=None, log=print)
+    assert not [k for k in bucket.objects if "/lease/" in k]
