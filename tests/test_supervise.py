@@ -28,11 +28,11 @@ from infra.manifests.common import labels
 from infra.topology import DASHBOARD_PORT, GCS_PORT, Topology
 from training.commands.submit import main as submit
 from training.commands.supervise import main as supervise
+from training.rayjobs.log_tail import LogTail
 from training.runstore import attempts, events
 from training.runstore.location import check_run_name
 from training.runstore.s3_store import S3Location
 from training.submit import supervisor_job
-from training.submit.job_log import LogTail
 from training.supervise import record
 from training.supervise.supervisor import Supervisor, exit_code, stored_a_checkpoint
 

@@ -129,14 +129,11 @@ def main(argv: Sequence[str]) -> int:
     def log(line: str) -> None:
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
-    from training.submit.job_log import LogTail
-
     supervisor = Supervisor(
         connect,
         args.run_name,
         train_args,
         log=log,
-        tail_logs=LogTail,
         max_restarts=args.max_restarts,
         # Its Job's uid, in a supervisor Job's pod; unset when run by hand.
         supervision=os.environ.get(SUPERVISION_VARIABLE) or None,

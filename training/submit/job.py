@@ -1,8 +1,9 @@
 """The Ray job: submitted through the head's job API, its log streamed, its end turned
 into an exit status; Ctrl-C stops it (its `uerl train` then writes a final checkpoint).
 
-The job client is injected (`JobClient`: the calls of Ray's `JobSubmissionClient` used
-here), so streaming, the exit statuses and Ctrl-C are tested against a fake."""
+The job client is injected (training.rayjobs `JobClient`: the calls of Ray's
+`JobSubmissionClient`), so streaming, the exit statuses and Ctrl-C are tested against a
+fake; the watch of its status is training.rayjobs', as `uerl supervise`'s is."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from infra.topology import JOB_STOP_GRACE_S
 from training.ray_auth import token_client
-from training.submit.job_log import LogTail
+from training.rayjobs import job_watch
+from training.rayjobs.job_client import JobClient, failure_message
+from training.rayjobs.log_tail import LogTail
 from training.submit.submit_error import BAD_INPUT, CLUSTER_UNUSABLE, SubmitError
 
 # A job's terminal status -> `uerl submit`'s exit status (130: stopped, as after Ctrl-C).
@@ -35,17 +38,6 @@ STOP_WAIT_S = JOB_STOP_GRACE_S + 60.0
 # Ray's job client takes these over the address it is given: a RAY_ADDRESS left set for
 # `ray job submit` would send the job elsewhere than the port-forward to this stack.
 ADDRESS_VARIABLES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
-
-
-class JobClient(Protocol):
-    """What `uerl submit` calls of `ray.job_submission.JobSubmissionClient`."""
-
-    def submit_job(self, *, entrypoint: str, submission_id: str | None = None) -> str: ...
-    def get_job_status(self, job_id: str) -> Any: ...
-    def get_job_logs(self, job_id: str) -> str: ...
-    def tail_job_logs(self, job_id: str) -> AsyncIterator[str]: ...
-    def get_job_info(self, job_id: str) -> Any: ...
-    def stop_job(self, job_id: str) -> bool: ...
 
 
 def entrypoint(command: Sequence[str]) -> str:
@@ -107,13 +99,6 @@ def connect_client(
                     CLUSTER_UNUSABLE,
                 ) from None
             time.sleep(1.0)
-
-
-def job_gone(exc: BaseException) -> bool:
-    """The job API answered that it has no such job: a head keeps its jobs in memory, so
-    one that answers so about the job just submitted is a new head (the old one replaced)."""
-    text = str(exc)
-    return "status code 404" in text or "does not exist" in text
 
 
 def refused(exc: BaseException, token: str | None, token_source: str) -> str:
@@ -260,47 +245,49 @@ class Follower:
             tail.stop()
 
     def _polls(self, ctrl_c: CtrlC, tail: LogTail) -> int:
-        last_answer = self.clock()
-        while True:
+        def ctrl_c_sent_on() -> None:
             if ctrl_c.requested and not self.stop_sent:
                 self._send_stop()
-            try:
-                status = _status(self.client.get_job_status(self.job_id))
-            except Exception as exc:  # the port-forward or the API; retried, bounded
-                if job_gone(exc):  # an answer, not its absence: waiting brings nothing
-                    self._say(
-                        f"job {self.job_id} is gone: the Ray head ({self.head()}) was replaced, "
-                        "and a new head has none of the old one's jobs. Submit the training "
-                        "again with `--resume auto` and the same --run-name to go on from its "
-                        "last stored checkpoint, or with --supervise to have that done "
-                        "whenever the head is lost"
-                    )
-                    return CLUSTER_UNUSABLE
-                if self.clock() - last_answer > self.no_answer_s:
-                    self._say(
-                        f"no answer about job {self.job_id} from the Ray head ({self.head()}) "
-                        f"for {self.no_answer_s:.0f} s: {reason(exc).rstrip('.')}. "
-                        + self.follow_hint
-                    )
-                    return CLUSTER_UNUSABLE
-                self.sleep(self.poll_s)
-                continue
-            last_answer = self.clock()
-            if status in EXIT_STATUS:
-                # Once the status is terminal, the log read after it is whole. Best effort:
-                # without it the log printed lacks its end, the status is still said.
-                with contextlib.suppress(Exception):
-                    tail.finish()
-                return self._ended(status, ctrl_c)
-            if self.stop_asked_at is not None and (
+
+        def stop_waited_out(_status: str) -> bool:
+            return self.stop_asked_at is not None and (
                 self.clock() - self.stop_asked_at > self.stop_wait_s
-            ):
-                self._say(
-                    f"job {self.job_id} is still {status} {self.stop_wait_s:.0f} s after it "
-                    f"was asked to stop. {self.follow_hint}"
-                )
-                return INTERRUPTED
-            self.sleep(self.poll_s)
+            )
+
+        watched = job_watch.watch(
+            lambda: self.client.get_job_status(self.job_id),
+            poll_s=self.poll_s,
+            no_answer_s=self.no_answer_s,
+            clock=self.clock,
+            sleep=self.sleep,
+            before_poll=ctrl_c_sent_on,
+            leave=stop_waited_out,
+            finish=tail.finish,  # without it the log printed lacks its end
+        )
+        if watched.status == job_watch.GONE:
+            self._say(
+                f"job {self.job_id} is gone: the Ray head ({self.head()}) was replaced, "
+                "and a new head has none of the old one's jobs. Submit the training "
+                "again with `--resume auto` and the same --run-name to go on from its "
+                "last stored checkpoint, or with --supervise to have that done "
+                "whenever the head is lost"
+            )
+            return CLUSTER_UNUSABLE
+        if watched.status == job_watch.UNANSWERED:
+            assert watched.error is not None
+            self._say(
+                f"no answer about job {self.job_id} from the Ray head ({self.head()}) "
+                f"for {self.no_answer_s:.0f} s: {reason(watched.error).rstrip('.')}. "
+                + self.follow_hint
+            )
+            return CLUSTER_UNUSABLE
+        if watched.status == job_watch.LEFT:
+            self._say(
+                f"job {self.job_id} is still {watched.running} {self.stop_wait_s:.0f} s after "
+                f"it was asked to stop. {self.follow_hint}"
+            )
+            return INTERRUPTED
+        return self._ended(watched.status, ctrl_c)
 
     def _ended(self, status: str, ctrl_c: CtrlC) -> int:
         if status == "FAILED":
@@ -308,8 +295,7 @@ class Follower:
             # Its first line ("... failed with exit code 1"); the rest repeats the log. Best
             # effort: the log printed above already says why, should the API not answer.
             with contextlib.suppress(Exception):
-                info = self.client.get_job_info(self.job_id)
-                message = (str(info.message or "").strip().splitlines() or [""])[0]
+                message = failure_message(self.client.get_job_info(self.job_id))
             self._say(f"job {self.job_id} FAILED" + (f": {message}" if message else ""))
             return EXIT_STATUS["FAILED"]
         self._say(f"job {self.job_id} {status}")

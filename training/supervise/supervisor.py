@@ -20,8 +20,9 @@ the next attempt from that stored record (training.supervise.record, a short job
 head). A submission whose answer was lost, tried again, is refused by Ray as existing:
 that job is followed.
 
-The job client is injected (the calls of Ray's JobSubmissionClient used here), so the
-loop is tested against a fake head that loses its jobs.
+The job client is injected (training.rayjobs `JobClient`), so the loop is tested
+against a fake head that loses its jobs; a job is watched as `uerl submit` watches it
+(training.rayjobs.job_watch).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from training.ray_auth.token_client import is_refusal
+from training.rayjobs import job_watch
+from training.rayjobs.job_client import JobClient, already_exists, failure_message, status_name
+from training.rayjobs.log_tail import LogTail
 from training.runstore import events
 from training.runstore.attempts import ATTEMPT_VARIABLE, REASON_VARIABLE
 from training.runstore.events import CHECKPOINT_STORED, HEAD_STOPPING
@@ -47,7 +51,6 @@ RECORD_METADATA = "uerl_record_of"  # ... and the run a job reading its record i
 # ... and the supervision that submitted it: the supervisor Job's uid, which its replaced
 # pods share and a new Job of the same run does not.
 SUPERVISION_METADATA = "uerl_supervision"
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 BAD_INPUT = 2
 POLL_S = 5.0
 # A refused token waited on for a rotation to reach the mounted Secret, at most.
@@ -64,22 +67,12 @@ RECORD_RETRY_S = 20.0
 NODES_WAIT_S = 600
 
 
-class SuperviseClient(Protocol):
-    """What the supervisor calls of `ray.job_submission.JobSubmissionClient`."""
-
-    def submit_job(self, **kwargs: Any) -> str: ...
-    def get_job_status(self, job_id: str) -> Any: ...
-    def get_job_info(self, job_id: str) -> Any: ...
-    def get_job_logs(self, job_id: str) -> str: ...
-    def list_jobs(self) -> list[Any]: ...
-
-
 Log = Callable[[str], None]
 
 
 class JobLog(Protocol):
-    """A job's log passed on as it grows, each part fetched once (training.submit.job_log
-    .LogTail: injected, as the two packages import nothing of each other)."""
+    """A job's log passed on as it grows, each part fetched once (training.rayjobs
+    .log_tail.LogTail, or a test's)."""
 
     def stop(self) -> None: ...
     def finish(self, logs: Callable[[], Any] | None = None) -> None: ...
@@ -101,22 +94,6 @@ class TokenRefused(BaseException):
     """The job API refused the supervisor's token: the same token would be refused on
     every retry. Not an Exception, so no wait-and-retry below takes it for a head that
     does not answer; `run` ends on it (bad input)."""
-
-
-def _status(value: Any) -> str:
-    return str(getattr(value, "value", value))  # JobStatus is a str enum
-
-
-def job_gone(exc: BaseException) -> bool:
-    """The job API answered that it has no such job (a new head)."""
-    text = str(exc)
-    return "does not exist" in text or "status code 404" in text
-
-
-def already_exists(exc: BaseException) -> bool:
-    """The job API refused a submission id it has (Ray's job manager: "Job with
-    submission_id ... already exists"): a submit whose answer was lost made it."""
-    return "already exists" in str(exc)
 
 
 def stored_a_checkpoint(log_text: str) -> bool:
@@ -158,12 +135,12 @@ class Outcome:
 class Supervisor:
     def __init__(
         self,
-        connect: Callable[[], SuperviseClient],
+        connect: Callable[[], JobClient],
         run_name: str,
         train_args: Sequence[str],
         *,
         log: Log,
-        tail_logs: TailLogs,
+        tail_logs: TailLogs = LogTail,
         max_restarts: int = MAX_RESTARTS,
         poll_s: float = POLL_S,
         head_wait_s: float = HEAD_WAIT_S,
@@ -183,7 +160,7 @@ class Supervisor:
         self._connected_token: str | None = None
         # This supervision's id (its Job's uid; None: a `uerl supervise` by hand).
         self.supervision = supervision
-        self._client: SuperviseClient | None = None
+        self._client: JobClient | None = None
         self.run_name = run_name
         self.train_args = list(train_args)
         self.log = log
@@ -199,13 +176,13 @@ class Supervisor:
 
     # ---- the job API, reached again after a lost head ---------------------------------
 
-    def _api(self) -> SuperviseClient:
+    def _api(self) -> JobClient:
         if self._client is None:
             self._connected_token = self.token() if self.token is not None else None
             self._client = self._connect()
         return self._client
 
-    def _call(self, call: Callable[[SuperviseClient], Any]) -> Any:
+    def _call(self, call: Callable[[JobClient], Any]) -> Any:
         """One call of the job API, bounded: Ray's client sets no timeout, and a request
         to a head pod that vanished mid-way can wait for TCP to give up (minutes)."""
         box: list[Any] = []
@@ -274,7 +251,7 @@ class Supervisor:
             self.log(f"job {job_id} already exists; following it")
         return job_id
 
-    def _until_answered(self, call: Callable[[SuperviseClient], Any], what: str) -> Any:
+    def _until_answered(self, call: Callable[[JobClient], Any], what: str) -> Any:
         """`call`'s answer, waiting for the head as long as head_wait_s; GiveUp after,
         also when the head answers other calls but keeps failing this one."""
         since = self.clock()
@@ -305,7 +282,7 @@ class Supervisor:
                 continue
             found = re.fullmatch(rf"uerl-{re.escape(self.run_name)}-(\d+)", job.submission_id or "")
             if found and int(found.group(1)) > newest:
-                newest, status = int(found.group(1)), _status(job.status)
+                newest, status = int(found.group(1)), status_name(job.status)
                 supervision = metadata.get(SUPERVISION_METADATA)
         return newest, status, supervision
 
@@ -319,7 +296,7 @@ class Supervisor:
         while True:
             job_id = f"uerl-{self.run_name}-record-{uuid.uuid4().hex[:8]}"
 
-            def submit(api: SuperviseClient, job_id: str = job_id) -> None:
+            def submit(api: JobClient, job_id: str = job_id) -> None:
                 try:
                     api.submit_job(
                         entrypoint=shlex.join(["python", "-m", record.MODULE, self.run_name]),
@@ -511,47 +488,30 @@ class Supervisor:
         return Outcome(outcome.status, outcome.why, checkpoints.seen)
 
     def _poll(self, job_id: str, tail: JobLog) -> Outcome:
-        unreachable_since: float | None = None
-        while True:
-            try:
-                status = _status(self._call(lambda api: api.get_job_status(job_id)))
-            except Exception as exc:
-                if job_gone(exc):
-                    away = (
-                        f" (its job API unreachable for {self.clock() - unreachable_since:.0f} s)"
-                        if unreachable_since is not None
-                        else ""
-                    )
-                    return Outcome("LOST", f"the Ray head was lost{away}: job {job_id} is gone")
-                if unreachable_since is None:
-                    unreachable_since = self.clock()
-                    self.log(f"the Ray head's job API does not answer: {exc}")
-                elif self.clock() - unreachable_since > self.head_wait_s:
-                    return Outcome("GONE", self._no_head())
-                self.sleep(self.poll_s)
-                continue
-            if unreachable_since is not None:
-                self.log(
-                    f"the Ray head's job API answers again after "
-                    f"{self.clock() - unreachable_since:.0f} s"
-                )
-                unreachable_since = None
-            if status in TERMINAL:
-                # Once the status is terminal, the log read after it is whole. Best effort:
-                # the attempt's end is said whether or not its log's end was read.
-                with contextlib.suppress(Exception):
-                    tail.finish(lambda: self._call(lambda api: api.get_job_logs(job_id)))
-                return Outcome(status, self._why(job_id, status))
-            self.sleep(self.poll_s)
+        watched = job_watch.watch(
+            lambda: self._call(lambda api: api.get_job_status(job_id)),
+            poll_s=self.poll_s,
+            no_answer_s=self.head_wait_s,
+            clock=self.clock,
+            sleep=self.sleep,
+            say=self.log,
+            finish=lambda: tail.finish(lambda: self._call(lambda api: api.get_job_logs(job_id))),
+        )
+        if watched.status == job_watch.GONE:
+            away = (
+                f" (its job API unreachable for {watched.unanswered_s:.0f} s)"
+                if watched.unanswered_s is not None
+                else ""
+            )
+            return Outcome("LOST", f"the Ray head was lost{away}: job {job_id} is gone")
+        if watched.status == job_watch.UNANSWERED:
+            return Outcome("GONE", self._no_head())
+        return Outcome(watched.status, self._why(job_id, watched.status))
 
     def _why(self, job_id: str, status: str) -> str:
         if status != "FAILED":
             return status
         message = ""
         with contextlib.suppress(Exception):  # best effort: the log says why too
-            info = self._call(lambda api: api.get_job_info(job_id))
-            message = (str(info.message or "").strip().splitlines() or [""])[0]
-            # Ray's "..., last available logs (truncated to 20,000 chars):" leads nowhere
-            # here: the attempt's log is above.
-            message = message.split(", last available logs")[0].rstrip(":")
+            message = failure_message(self._call(lambda api: api.get_job_info(job_id)))
         return f"job {job_id} FAILED" + (f": {message}" if message else "")

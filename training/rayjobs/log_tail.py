@@ -1,7 +1,7 @@
 """A Ray job's log as it grows, each part fetched once: Ray's job API streams it over a
 websocket (`JobSubmissionClient.tail_job_logs`), while its logs endpoint serves the whole
 log on every call (a follower polling it would download a long training's log again
-every few seconds). Used by `uerl submit`'s follower and, injected, by `uerl supervise`.
+every few seconds). Used by `uerl submit`'s follower and by `uerl supervise`.
 
 The stream runs on a thread of its own (the client's tail is async). A stream cut short
 (the port-forward, a head that does not answer) is opened again; Ray then sends the log
