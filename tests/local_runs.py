@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 from host_speed import guard
 from proc_tree import Deadline, StartedProcesses, TreeSampler
+from run_events import iterations
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +134,6 @@ def run_local(
 
 GAMES_LINE = re.compile(r"games (.*) \(up in")
 # `runners H/T`, then `, U unknown` when some runners did not report that iteration.
-ITER_LINE = re.compile(r"^iter\s+(\d+) .*\| runners (\d+)/(\d+)(?:, (\d+) unknown)?$")
 
 
 class LocalRunWatcher:
@@ -160,8 +160,8 @@ class LocalRunWatcher:
                 for item in m.group(1).split(", "):
                     name, endpoint = item.split("=")
                     self.ports[name] = int(endpoint.rsplit(":", 1)[1])
-            if (m := ITER_LINE.match(line)) is not None:
-                self.iteration = int(m.group(1))
+            for event in iterations(line):
+                self.iteration = int(event["iteration"])
 
     def game(self, name: str) -> psutil.Process:
         """The live process of game `name` now (a restart gives it a new pid)."""

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from pyarrow import fs
 
+from training.runstore import events
+
 K8S = Path(__file__).resolve().parent / "k8s"
 
 
@@ -166,22 +168,42 @@ def test_the_schedule_says_its_seed_how_to_replay_it_and_every_fault() -> None:
 
 # ---- the supervisor's log -------------------------------------------------------------
 
-SUPERVISOR_LOG = """\
-uerl supervise: attempt 1 of run r: submitting job uerl-r-1 (the run starts)
-iter    1 | env steps     1,000 |      500 steps/s | return mean    10.0
-iter    2 | env steps     2,000 |      500 steps/s | return mean    11.0
-checkpoint_000002 written: 0.2 MiB in 3.00 s (RLlib's state 2.99 s, storing 0.01 s)
-iter    3 | env steps     3,000 |      500 steps/s | return mean    12.0
-uerl supervise: the Ray head's job API does not answer: no answer in 60 s
-uerl supervise: attempt 2 of run r: submitting job uerl-r-2 (the Ray head was lost)
-iter    3 | env steps     3,000 |      500 steps/s | return mean    12.5
-"""
+
+def _iteration(n: int, ret: float) -> str:
+    """An iteration's progress line and its event, as the driver logs them."""
+    prose = f"iter {n:4d} | env steps {n * 1000:>9,} |      500 steps/s | return mean {ret:7.1f}"
+    event = events.line(
+        events.ITERATION, iteration=n, env_steps=n * 1000, steps_per_s=500.0,
+        return_mean=ret, time_s=2.0, runners=[1, 1], unknown=0,
+    )  # fmt: skip
+    return f"{prose}\n{event}\n"
+
+
+def _attempt(n: int, *, following: bool = False) -> str:
+    """The supervisor's line and event for attempt `n`, as it logs them."""
+    said = (
+        f"following attempt {n} (job uerl-r-{n}), already RUNNING"
+        if following
+        else f"attempt {n} of run r: submitting job uerl-r-{n} (the run starts)"
+    )
+    event = events.line(events.ATTEMPT, attempt=n, job=f"uerl-r-{n}", following=following)
+    return f"uerl supervise: {said}\nuerl supervise: {event}\n"
+
+
+SUPERVISOR_LOG = (
+    _attempt(1)
+    + _iteration(1, 10.0)
+    + _iteration(2, 11.0)
+    + "checkpoint_000002 written: 0.2 MiB in 3.00 s (RLlib's state 2.99 s, storing 0.01 s)\n"
+    + events.checkpoint_written("checkpoint_000002", mib=0.2, seconds=3.0, storing_s=0.01)
+    + "\n"
+    + _iteration(3, 12.0)
+    + "uerl supervise: the Ray head's job API does not answer: no answer in 60 s\n"
+    + _attempt(2)
+    + _iteration(3, 12.5)
+)
 # The Job's next pod: it follows attempt 2 and passes its log on from its start.
-REPLACED_LOG = """\
-uerl supervise: following attempt 2 (job uerl-r-2), already RUNNING
-iter    3 | env steps     3,000 |      500 steps/s | return mean    12.5
-iter    4 | env steps     4,000 |      500 steps/s | return mean    13.0
-"""
+REPLACED_LOG = _attempt(2, following=True) + _iteration(3, 12.5) + _iteration(4, 13.0)
 
 
 def test_iterations_are_counted_to_the_attempt_the_supervisor_submitted() -> None:
@@ -197,7 +219,7 @@ def test_the_log_view_says_the_newest_attempt_and_its_last_iteration() -> None:
     view = fsch.LogView((("pod-a", SUPERVISOR_LOG), ("pod-b", REPLACED_LOG)))
     assert (view.attempt, view.last_iteration) == (2, 4)
     assert view.last_shown() == {1: 3, 2: 4}
-    assert view.last_line.startswith("iter    4 |")
+    assert view.last_line == _iteration(4, 13.0).splitlines()[1]
 
 
 def test_the_drivers_written_lines_name_its_checkpoints() -> None:

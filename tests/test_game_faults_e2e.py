@@ -15,8 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+import run_events
 from host_speed import guard
-from local_runs import ITER_LINE, LocalRunWatcher, retry_signal
+from local_runs import LocalRunWatcher, retry_signal
 from proc_tree import Deadline, StartedProcesses, TreeSampler
 
 from training.local import processes
@@ -95,8 +96,10 @@ def test_training_survives_ten_random_game_faults_with_every_runner_back(
     assert "Traceback" not in output
     # The last iteration ran with every runner's game answering, and every game served
     # steps after its last restart (the stats of its newest process).
-    final = [m for line in run.lines if (m := ITER_LINE.match(line)) is not None][-1]
-    assert final.groups() == (str(iterations), "3", "3", None), output
+    final = run_events.iterations(output)[-1]
+    assert (final["iteration"], final["runners"], final["unknown"]) == (iterations, [3, 3], 0), (
+        output
+    )
     for name in ("ue-1", "ue-2", "ue-3"):
         stats = sorted((tmp_path / "games").glob(f"{name}*.stats.json"), key=_mtime)
         assert json.loads(stats[-1].read_text())["steps"] > 0, (name, stats)
@@ -120,8 +123,8 @@ def test_a_game_past_its_restart_cap_stops_training_with_a_final_checkpoint(
     assert code == 1, output
     assert "giving up: game ue-1" in output and "cap 0" in output
     assert "uerl local: gave up: game ue-1" in output
-    last = [m for line in run.lines if (m := ITER_LINE.match(line)) is not None][-1]
-    assert (tmp_path / "checkpoints" / f"checkpoint_{int(last.group(1)):06d}").is_dir(), output
+    last = run_events.iterations(output)[-1]["iteration"]
+    assert (tmp_path / "checkpoints" / f"checkpoint_{last:06d}").is_dir(), output
     assert processes.alive(sampler.pids - {run.proc.pid}) == set()
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import run_events
 from host_speed import guard
 from local_runs import PROJECT_ROOT, LocalRun, run_local, start
 from proc_tree import Deadline, StartedProcesses, TreeSampler, survivors
@@ -46,7 +47,15 @@ ITERATIONS = 200
 BATCH = 500
 FAST = ["--train-batch-size", str(BATCH), "--minibatch-size", "100", "--num-epochs", "1"]
 MAX_RUNNERS = 4  # the most the run has: 2 -> 4 -> 1 -> 0 -> 3
-ITER_LINE = re.compile(r"^iter\s+(\d+) .*\| runners (\d+)/(\d+)")
+
+
+def _iterations(text: str) -> list[tuple[int, int, int]]:
+    """(iteration, healthy, total) of each `iteration` event with runners in `text`."""
+    return [
+        (int(e["iteration"]), int(e["runners"][0]), int(e["runners"][1]))
+        for e in run_events.iterations(text)
+        if e.get("runners")
+    ]
 
 
 @dataclass
@@ -99,12 +108,8 @@ class Console:
         return self.proc.stdout is not None and not self.proc.stdout.closed
 
     def iterations_after(self, index: int) -> list[tuple[int, int, int]]:
-        """(iteration, healthy, total) of the progress lines after line `index`."""
-        found = []
-        for line in self.lines[index + 1 :]:
-            if m := ITER_LINE.match(line):
-                found.append((int(m[1]), int(m[2]), int(m[3])))
-        return found
+        """(iteration, healthy, total) of the `iteration` events after line `index`."""
+        return _iterations("\n".join(self.lines[index + 1 :]))
 
     @property
     def text(self) -> str:
@@ -304,10 +309,7 @@ def test_a_checkpoint_taken_after_a_rescale_resumes_with_the_new_size(
 ) -> None:
     output, last = resumed.run.output, resumed.last
     assert resumed.run.returncode == 0, output
-    lines = [m for line in output.splitlines() if (m := ITER_LINE.match(line))]
-    assert [(int(m[1]), int(m[2]), int(m[3])) for m in lines] == [
-        (last + 1, 3, 3), (last + 2, 3, 3)
-    ]  # fmt: skip
+    assert _iterations(output) == [(last + 1, 3, 3), (last + 2, 3, 3)]
 
 
 def test_the_resumed_run_says_where_it_continues_from(resumed: ResumedRun) -> None:

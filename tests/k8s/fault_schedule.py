@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from run_events import event_lines, events  # tests/, on the path via its conftest
+
 from training.runstore.attempts import FILE as ATTEMPTS_FILE
 from training.runstore.listing import (
     CHECKPOINTS,
@@ -172,32 +174,27 @@ class Struck:
 
 # ---- the supervisor's log ---------------------------------------------------------------
 
-# A progress line's iteration (pods_stack.ITER, the iteration alone).
-ITERATION = re.compile(r"^iter\s+(\d+) \|")
-# training.supervise.supervisor's lines: the attempt whose log follows.
-SUBMITTING = re.compile(r"attempt (\d+) of run \S+: submitting job ")
-FOLLOWING = re.compile(r"following attempt (\d+) \(job ")
-# training.run.driver's line for each checkpoint it saved.
-WRITTEN = re.compile(r"^(checkpoint_\d+) written: ", re.M)
+# The run's events (tests/run_events.py): `attempt` (the supervisor's: the attempt whose
+# log follows), `iteration` and `checkpoint_written` (the driver's).
 
 
 def attempt_progress(log: str) -> list[tuple[int, int]]:
-    """(attempt, iteration) of each progress line of one supervisor pod's log, in order:
-    the supervisor says which attempt it submits or follows before passing its log on."""
+    """(attempt, iteration) of each `iteration` event of one supervisor pod's log, in
+    order: the supervisor says which attempt it submits or follows before passing its
+    log on."""
     pairs: list[tuple[int, int]] = []
     attempt = 0
-    for line in log.splitlines():
-        said = SUBMITTING.search(line) or FOLLOWING.search(line)
-        if said is not None:
-            attempt = int(said[1])
-        elif attempt and (shown := ITERATION.match(line)) is not None:
-            pairs.append((attempt, int(shown[1])))
+    for _, event in event_lines(log):
+        if event.get("event") == "attempt":
+            attempt = int(event["attempt"])
+        elif attempt and event.get("event") == "iteration":
+            pairs.append((attempt, int(event["iteration"])))
     return pairs
 
 
 def written_checkpoints(log: str) -> list[str]:
     """The checkpoints the driver said it wrote, in order."""
-    return WRITTEN.findall(log)
+    return [str(event["checkpoint"]) for event in events(log, "checkpoint_written")]
 
 
 @dataclass(frozen=True)
@@ -224,8 +221,7 @@ class LogView:
     @cached_property
     def attempt(self) -> int:
         """The newest attempt the log names (0: none yet)."""
-        said = [int(m[1]) for m in SUBMITTING.finditer(self.text)]
-        said += [int(m[1]) for m in FOLLOWING.finditer(self.text)]
+        said = [int(event["attempt"]) for event in events(self.text, "attempt")]
         return max([*said, *(attempt for attempt, _ in self.pairs)], default=0)
 
     def last_shown(self) -> dict[int, int]:
@@ -242,9 +238,10 @@ class LogView:
 
     @property
     def last_line(self) -> str:
-        """The last progress line of the log (a marker: what follows it came later)."""
-        lines = [line for line in self.text.splitlines() if ITERATION.match(line)]
-        return lines[-1] if lines else ""
+        """The last `iteration` event's line of the log (a marker: what follows it came
+        later)."""
+        lines = event_lines(self.text, "iteration")
+        return lines[-1][0] if lines else ""
 
 
 class SupervisorLogs:

@@ -22,7 +22,6 @@ import base64
 import contextlib
 import io
 import json
-import re
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from typing import Any
 from controlplane import KUBERAY_CHART_DIR, ControlPlane, ControlPlaneError, free_ports, tail
 from host_speed import guard
 from lifecycle import StartStop
+from run_events import event_lines  # tests/, on the path via its conftest
 from stacks import running_and_ready
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "images"))
@@ -45,10 +45,6 @@ RAY = Path(sys.executable).with_name("ray")
 UERL = Path(sys.executable).with_name("uerl")
 NAMESPACE = "uerl"  # the dev stack's
 CLUSTER = "uerl"
-ITER = re.compile(
-    r"^iter\s+(\d+) \| env steps\s+([\d,]+) \|\s+([\d,]+) steps/s \| return mean\s+(\S+)"
-)
-RUNNERS = re.compile(r"\| runners (\d+)/(\d+)")
 # A hang guard for one `ray job` command (Ray's CLI imports Ray first: seconds when loaded).
 RAY_CLI_TIMEOUT_S = guard(180)
 # What the real-pod scenarios and bench_pods.py train with: small batches, so an
@@ -252,27 +248,20 @@ class Progress:
 
 
 def progress(log: str) -> list[Progress]:
-    """The job's progress lines, in order."""
+    """The job's iterations, in order, from its `iteration` events (tests/run_events.py)."""
     out = []
-    for line in log.splitlines():
-        m = ITER.match(line)
-        if m is None:
-            continue
-        r = RUNNERS.search(line)
+    for line, event in event_lines(log, "iteration"):
+        runners = event.get("runners")
+        ret, rate = event.get("return_mean"), event.get("steps_per_s")
         out.append(
             Progress(
-                int(m[1]), int(m[2].replace(",", "")), float(m[3].replace(",", "")),
-                _number(m[4]), (int(r[1]), int(r[2])) if r else None, line,
+                int(event["iteration"]), int(event["env_steps"]),
+                float("nan") if rate is None else float(rate),
+                float("nan") if ret is None else float(ret),
+                (int(runners[0]), int(runners[1])) if runners else None, line,
             )
         )  # fmt: skip
     return out
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:  # no episode finished yet
-        return float("nan")
 
 
 def lines_after(log: str, marker: str) -> str:

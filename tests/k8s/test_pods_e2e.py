@@ -90,6 +90,7 @@ from prometheus_pod import InClusterPrometheus
 from pulumi_project import PulumiProject, Result
 from pyarrow import fs
 from ray_api_calls import gcs_nodes, http_status  # tests/, on the path via its conftest
+from run_events import events
 from stacks import running_and_ready
 
 from infra.endpoints import worker_endpoint
@@ -947,30 +948,27 @@ def _submit_supervised(kube: tuple[str, ...], run: str, iterations: int) -> str:
     return made.stdout.strip()
 
 
-WRITTEN = re.compile(
-    r"^checkpoint_\d+ written: ([\d.]+) MiB in ([\d.]+) s \(RLlib's state [\d.]+ s, "
-    r"storing ([\d.]+) s\)$",
-    re.M,
-)
-
-
 def _checkpoint_figures(figures: Figures, run: str, log: str) -> None:
     """What storing cost the run: each checkpoint's size and time to write, against the
-    time of an iteration (the progress lines' `time_s`)."""
-    written = WRITTEN.findall(log)
-    took = sorted(float(t) for t in re.findall(r"\|\s+([\d.]+)s(?: \||$)", log, re.M))
+    time of an iteration (the `iteration` events' `time_s`)."""
+    written = events(log, "checkpoint_written")
+    took = sorted(float(event["time_s"]) for event in events(log, "iteration"))
 
     def median(values: list[float]) -> float:
         return sorted(values)[len(values) // 2]
 
     if written and took:
-        figures[f"{run}: checkpoint MiB"] = max(float(m) for m, _, _ in written)
-        figures[f"{run}: checkpoint s, median"] = median([float(t) for _, t, _ in written])
-        figures[f"{run}: of it storing s, median"] = median([float(s) for _, _, s in written])
+        figures[f"{run}: checkpoint MiB"] = max(float(e["mib"]) for e in written)
+        figures[f"{run}: checkpoint s, median"] = median([float(e["seconds"]) for e in written])
+        figures[f"{run}: of it storing s, median"] = median(
+            [float(e["storing_s"]) for e in written]
+        )
         figures[f"{run}: iteration s, median"] = median(took)
-    uploaded = re.findall(r"stored in s3://\S+ \(([\d.]+) MiB uploaded in ([\d.]+) s", log)
+    uploaded = [e for e in events(log, "checkpoint_stored") if "upload_s" in e]
     if uploaded:
-        figures[f"{run}: upload to the bucket s, median"] = median([float(t) for _, t in uploaded])
+        figures[f"{run}: upload to the bucket s, median"] = median(
+            [float(e["upload_s"]) for e in uploaded]
+        )
 
 
 def _supervisor_pods(cp: ControlPlane, job: str) -> list[dict[str, Any]]:
@@ -1454,8 +1452,8 @@ def test_a_deleted_supervisor_pod_is_replaced_by_one_following_the_running_attem
 ) -> None:
     hit = supervised_run.hit(SUPERVISOR)
     job = f"uerl-{SUPERVISED_RUN}-{hit.attempt}"
-    said = f"following attempt {hit.attempt} (job {job}), already RUNNING"
-    assert said in supervised_run.log, supervised_run.log[-6000:]
+    followed = {"event": "attempt", "attempt": hit.attempt, "job": job, "following": True}
+    assert followed in events(supervised_run.log, "attempt"), supervised_run.log[-6000:]
 
 
 # ---- the same in a bucket: the store stopped, the operator, a learner, a new image, the

@@ -54,7 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)  # under `ray job submit` stdout is a file
+    # Under `ray job submit` stdout is a file; a terminal is not given event lines.
+    from training.runstore import events
+
+    text = events.for_stream(line + "\n", sys.stdout)
+    if text:
+        print(text, end="", flush=True)
 
 
 def _record_attempt(options: TrainOptions) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from training.run.options import TrainOptions, run_env_runner, run_policies
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
 from training.run.tensorboard import TensorBoardWriter
+from training.runstore import events
 from training.telemetry.ray_metrics import DriverMetrics, IterationFigures, losses
 
 CSV_NAME = "metrics.csv"
@@ -46,8 +48,11 @@ Log = Callable[[str], None]
 
 def print_line(line: str) -> None:
     """Print and flush: under `ray job submit` stdout is a file, and `ray job logs`
-    shows only what was flushed, so unflushed progress lines would come at the end."""
-    print(line, flush=True)
+    shows only what was flushed, so unflushed progress lines would come at the end. An
+    event line (training.runstore.events) is for readers of a log, not a terminal."""
+    text = events.for_stream(line + "\n", sys.stdout)
+    if text:
+        print(text, end="", flush=True)
 
 
 @dataclass
@@ -324,6 +329,7 @@ def _loop(
             previous = row.env_steps_total
             rows.append(row)
             log(metrics.progress_line(row))
+            log(_iteration_event(row))
             fence()  # the run still this writer's: nothing is written otherwise
             # Each iteration's row is stored as it is made: a lost head keeps them all.
             metrics.write_csv(options.run_dir / CSV_NAME, rows)
@@ -338,7 +344,8 @@ def _loop(
                 timings: dict[str, float] = {}
                 result.checkpoint = _save(algo, options, row, game, league, timings, fence)
                 last_saved = row.iteration
-                log(_saved_line(result.checkpoint, timings))
+                for line in _saved_lines(result.checkpoint, timings):
+                    log(line)
                 if published is not None:
                     published.checkpoint_written()
             stored_through = store()
@@ -507,14 +514,32 @@ class _Pause:
             self.since = None
 
 
-def _saved_line(path: Path, timings: dict[str, float]) -> str:
+def _saved_lines(path: Path, timings: dict[str, float]) -> tuple[str, str]:
     """`checkpoint_000004 written: 3.1 MiB in 0.42 s (RLlib's state 0.40 s, storing
-    0.02 s)`: what a checkpoint costs, and how much of it is the run storage's."""
+    0.02 s)`, what a checkpoint costs and how much of it is the run storage's, and its
+    `checkpoint_written` event."""
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     total, state = timings["total_s"], timings["state_s"]
     return (
         f"{path.name} written: {size / 2**20:.1f} MiB in {total:.2f} s "
-        f"(RLlib's state {state:.2f} s, storing {total - state:.2f} s)"
+        f"(RLlib's state {state:.2f} s, storing {total - state:.2f} s)",
+        events.checkpoint_written(
+            path.name, mib=size / 2**20, seconds=total, storing_s=total - state
+        ),
+    )
+
+
+def _iteration_event(row: metrics.IterationRow) -> str:
+    """The `iteration` event of `row`: the progress line's figures, for a log's readers."""
+    return events.line(
+        events.ITERATION,
+        iteration=row.iteration,
+        env_steps=row.env_steps_total,
+        steps_per_s=round(row.env_steps_per_s, 3),
+        return_mean=round(row.episode_return_mean, 4),
+        time_s=round(row.time_s, 3),
+        runners=[row.runners_healthy, row.runners_total] if row.runners_total else None,
+        unknown=row.runners_unknown,
     )
 
 

@@ -676,12 +676,16 @@ class Mirror:
                     self._uploaded_pointer = named
                     self._pointer_maybe.clear()
                 self.uploads += 1
+                took = time.monotonic() - started
                 self.log(
                     f"run storage: {named} stored in {self.location.uri(self.run_name)} "
-                    f"({sent / 2**20:.1f} MiB uploaded in {time.monotonic() - started:.2f} s, "
-                    "beside the training)"
+                    f"({sent / 2**20:.1f} MiB uploaded in {took:.2f} s, beside the training)"
                 )
-                self.log(events.checkpoint_stored(named))
+                self.log(
+                    events.checkpoint_stored(
+                        named, uploaded_mib=round(sent / 2**20, 3), upload_s=round(took, 3)
+                    )
+                )
                 continue
             self._fence(store=False)
             try:

@@ -24,6 +24,7 @@ from training.ray_auth import token_client
 from training.rayjobs import job_watch
 from training.rayjobs.job_client import JobClient, failure_message
 from training.rayjobs.log_tail import LogTail
+from training.runstore import events
 from training.submit.submit_error import BAD_INPUT, CLUSTER_UNUSABLE, SubmitError
 
 # A job's terminal status -> `uerl submit`'s exit status (130: stopped, as after Ctrl-C).
@@ -206,6 +207,7 @@ class Follower:
         self.sleep = sleep
         self.stop_asked_at: float | None = None
         self.stop_sent = False
+        self._partial = ""  # on a terminal: a line not yet whole
 
     def _say(self, text: str) -> None:
         print(f"{self.prog}: {text}", file=self.err, flush=True)
@@ -220,7 +222,14 @@ class Follower:
             return INTERRUPTED
 
     def _write(self, text: str) -> None:
-        self.out.write(text)
+        # A terminal is given whole lines without the run's event lines; a file or a
+        # pipe, the log as it comes.
+        if not events.is_terminal(self.out):
+            self.out.write(text)
+        else:
+            whole, _, self._partial = (self._partial + text).rpartition("\n")
+            if whole:
+                self.out.write(events.for_stream(whole + "\n", self.out))
         self.out.flush()
 
     def _send_stop(self) -> None:
@@ -243,6 +252,9 @@ class Follower:
             return self._polls(ctrl_c, tail)
         finally:
             tail.stop()
+            if self._partial:  # the log's last line, without its newline
+                self.out.write(self._partial)
+                self.out.flush()
 
     def _polls(self, ctrl_c: CtrlC, tail: LogTail) -> int:
         def ctrl_c_sent_on() -> None:

@@ -229,6 +229,7 @@ class Supervisor:
     def _submit(self, attempt: int, reason: str) -> str:
         job_id = self.job_id(attempt)
         self.log(f"attempt {attempt} of run {self.run_name}: submitting job {job_id} ({reason})")
+        self.log(events.line(events.ATTEMPT, attempt=attempt, job=job_id, following=False))
         try:
             self._call(
                 lambda api: api.submit_job(
@@ -382,6 +383,7 @@ class Supervisor:
         if status in ("PENDING", "RUNNING"):
             job_id = self.job_id(attempt)
             self.log(f"following attempt {attempt} (job {job_id}), already {status}")
+            self.log(events.line(events.ATTEMPT, attempt=attempt, job=job_id, following=True))
         elif status in ("SUCCEEDED", "STOPPED") and supervision == self.supervision:
             # This supervision's own attempt (its pod replaced after the run ended).
             self.log(f"run {self.run_name}: attempt {attempt} already ended {status}")
