@@ -6,6 +6,7 @@ their cluster, with one identity (access key, secret) and the buckets asked for.
         store.endpoint      # http://127.0.0.1:PORT
         store.environment() # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY of the identity
         store.pause(30)     # the store unreachable (SIGSTOP) for 30 s, then back
+        store.kill_and_restart(20)  # killed (SIGKILL), started again on its data 20 s later
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class ObjectStore:
         self.secret_key = secrets.token_hex(16)
         self.workdir = Path()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._args: list[str] = []
         self.started = StartedProcesses(grace_s=20)
         self.port = 0
 
@@ -85,17 +87,33 @@ class ObjectStore:
         ]  # fmt: skip
         if self.buckets:
             args.append(f"-bucket={','.join(self.buckets)}")
-        log = (self.workdir / "weed.log").open("wb")
-        # Its own process group: `pause` stops every process of the store at once.
-        self.proc = self.started.popen(
-            args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, start_new_session=True
-        )
+        self._args = args
         try:
-            self._wait_ready()
+            self._start()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def _start(self) -> None:
+        """`weed mini` on the store's ports and data directory, until it answers."""
+        with (self.workdir / "weed.log").open("ab") as log:  # the child keeps its own
+            # Its own process group: `pause` stops every process of the store at once.
+            self.proc = self.started.popen(
+                self._args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                start_new_session=True,
+            )  # fmt: skip
+        self._wait_ready()
+
+    def kill_and_restart(self, down_s: float) -> None:
+        """The whole store killed (SIGKILL: connections reset, nothing shut down), down
+        for `down_s`, then started again on the same ports and data, as a store's node
+        lost and its service back; returns once it answers again."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        time.sleep(down_s)
+        self._start()
 
     def filesystem(self) -> Any:
         """pyarrow's S3 filesystem on the store, as the identity."""
