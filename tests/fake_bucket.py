@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from pyarrow import fs
 
-from training.runstore.s3_store import S3Location
+from training.runstore.bucket import S3Location
 
 
 class _Upload(io.BytesIO):

@@ -223,8 +223,8 @@ def test_on_a_claim_without_hard_links_the_lease_is_still_created_once(
 def test_a_bucket_without_conditional_writes_is_refused_at_start_naming_the_field(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from training.runstore.bucket import S3Location
     from training.runstore.location import RunStorageError
-    from training.runstore.s3_store import S3Location
 
     bucket = fake_bucket.install(monkeypatch)
     monkeypatch.setattr(stored_run, "staging_root", lambda: tmp_path / "head")

@@ -192,7 +192,7 @@ def test_the_heads_pod_reaps_a_stopped_jobs_orphans() -> None:
 def test_a_head_deleted_gracefully_stops_its_jobs_first_within_a_grace_that_covers_them() -> None:
     """Issue 63, item 8. Before: the pod default (30 s) while Ray gives a stopped job 120 s
     and the final upload is budgeted 60 s: a drained head was SIGKILLed mid-upload."""
-    from training.runstore.s3_store import CLOSE_TIMEOUT_S
+    from training.runstore.bucket_mirror import CLOSE_TIMEOUT_S
 
     spec = groups(built("dev-sidecar").raycluster)["head"]["template"]["spec"]
     [head] = spec["containers"]

@@ -32,8 +32,9 @@ from training.runs.bucket_reader import BucketRuns
 from training.runs.claim_reader import LOST, ClaimRuns, exit_code
 from training.runs.transfer import Progress, into_place
 from training.runstore import listing
+from training.runstore.bucket import S3Location
+from training.runstore.bucket_mirror import Mirror
 from training.runstore.location import RunStorageError
-from training.runstore.s3_store import Mirror, S3Location
 from training.submit.head import HeadFinder
 
 ROOT = Path(__file__).resolve().parent.parent

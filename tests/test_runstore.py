@@ -25,14 +25,17 @@ from infra.endpoints import RunStorage
 from infra.topology import Topology
 from training.run import checkpoints, metrics
 from training.run.tensorboard import TensorBoardWriter
-from training.runstore import atomic, attempts, s3_store, stored_run
+from training.runstore import atomic, attempts, bucket_mirror, listing, stored_run
+from training.runstore import bucket as bucket_store
+from training.runstore.bucket import S3Location
+from training.runstore.bucket_mirror import Mirror
+from training.runstore.bucket_restore import restore
 from training.runstore.location import (
     RunStorageError,
     RunStorageUnavailable,
     check_room,
     check_run_name,
 )
-from training.runstore.s3_store import Mirror, S3Location, restore
 from training.runstore.stored_run import StoredRun, open_stored_run
 
 
@@ -278,7 +281,7 @@ def test_latest_never_names_a_checkpoint_a_file_of_which_was_pruned_mid_upload(
     meta_text = bucket.text(key("checkpoints/checkpoint_000003/uerl.json"))
     assert meta_text is not None and json.loads(meta_text)["files"] == {"a.pkl": 64, "b.pkl": 64}
     stored = {k.removeprefix(key("")): len(v) for k, v in bucket.objects.items()}
-    assert s3_store.whole_checkpoint(None, stored, lambda rel: bucket.text(key(rel))) is None
+    assert listing.whole_checkpoint(None, stored, lambda rel: bucket.text(key(rel))) is None
     mirror.close(timeout_s=5)
 
 
@@ -427,9 +430,9 @@ def down_for(bucket: FakeBucket, requests: int) -> None:
 @pytest.fixture
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     # raising=False: the constants are the fix's (the test fails, not errors, without it).
-    monkeypatch.setattr(s3_store, "STORE_RETRY_S", 0.01, raising=False)
-    monkeypatch.setattr(s3_store, "STORE_WAIT_S", 0.2, raising=False)
-    monkeypatch.setattr(s3_store, "RETRY_FIRST_S", 0.01)
+    monkeypatch.setattr(bucket_store, "STORE_RETRY_S", 0.01, raising=False)
+    monkeypatch.setattr(bucket_store, "STORE_WAIT_S", 0.2, raising=False)
+    monkeypatch.setattr(bucket_mirror, "RETRY_FIRST_S", 0.01)
 
 
 def bucket_endpoints(tmp_path: Path) -> Path:
@@ -443,9 +446,9 @@ def bucket_endpoints(tmp_path: Path) -> Path:
 def test_a_store_down_for_a_moment_at_the_start_is_waited_for(
     bucket: FakeBucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3_store, "STORE_WAIT_S", guard(60))  # tries, not time, judged
+    monkeypatch.setattr(bucket_store, "STORE_WAIT_S", guard(60))  # tries, not time, judged
     down_for(bucket, 3)
-    s3_store.check(LOCATION, RUN)
+    bucket_store.check(LOCATION, RUN)
     assert [k for k in bucket.objects if "write-check" in k] == []
 
 
@@ -453,7 +456,7 @@ def test_a_store_down_for_a_moment_at_the_start_is_waited_for(
 def test_a_restore_waits_for_a_store_down_for_a_moment(
     tmp_path: Path, bucket: FakeBucket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3_store, "STORE_WAIT_S", guard(60))  # tries, not time, judged
+    monkeypatch.setattr(bucket_store, "STORE_WAIT_S", guard(60))  # tries, not time, judged
     checkpoints.save(SavingAlgo(), tmp_path / "run" / "checkpoints", meta(5))
     store(tmp_path / "run")
     down_for(bucket, 2)
@@ -465,7 +468,7 @@ def test_a_restore_waits_for_a_store_down_for_a_moment(
 def test_a_store_down_past_the_wait_is_unavailable_not_misconfigured(bucket: FakeBucket) -> None:
     down_for(bucket, -1)
     with pytest.raises(Exception, match=r"^runs\.s3\.endpoint|^endpoints runs") as raised:
-        s3_store.check(LOCATION, RUN)
+        bucket_store.check(LOCATION, RUN)
     assert type(raised.value).__name__ == "RunStorageUnavailable"
     assert "no answer for 0 s" in str(raised.value)
 
@@ -759,7 +762,7 @@ def test_a_write_check_an_earlier_start_left_is_deleted_by_the_next(bucket: Fake
     # left the key for good (one per start that met an outage).
     bucket.objects[key(".partial-0badc0de-write-check")] = b"uerl"
     bucket.objects[key("metrics.csv")] = b"iteration\n1\n"
-    s3_store.check(LOCATION, RUN, log=print)
+    bucket_store.check(LOCATION, RUN, log=print)
     assert sorted(bucket.objects) == [key("metrics.csv")]
 
 

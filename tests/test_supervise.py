@@ -30,8 +30,8 @@ from training.commands.submit import main as submit
 from training.commands.supervise import main as supervise
 from training.rayjobs.log_tail import LogTail
 from training.runstore import attempts, events
+from training.runstore.bucket import S3Location
 from training.runstore.location import check_run_name
-from training.runstore.s3_store import S3Location
 from training.submit import supervisor_job
 from training.supervise import record
 from training.supervise.supervisor import Supervisor, exit_code, stored_a_checkpoint

@@ -24,8 +24,10 @@ from infra.endpoints import RunStorage
 from infra.topology import Topology
 from training.run import checkpoints, metrics
 from training.runs.bucket_reader import BucketRuns
+from training.runstore.bucket import S3Location, check
+from training.runstore.bucket_mirror import Mirror
+from training.runstore.bucket_restore import restore
 from training.runstore.location import RunStorageError, RunStorageUnavailable
-from training.runstore.s3_store import Mirror, S3Location, check, restore
 
 # pyproject's limit, scaled here: tests/conftest.py scales the limits of tests/*.py only.
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(guard(600))]

@@ -12,6 +12,8 @@ from typing import Any
 from infra.endpoints import RunStorage
 from training.runs.follow import POINTER, RunState, StoredFile, Take
 from training.runs.transfer import Progress
+from training.runstore.bucket import S3Location, failure
+from training.runstore.bucket_restore import latest_whole, local_targets
 from training.runstore.listing import (
     CHECKPOINTS,
     LATEST,
@@ -27,7 +29,7 @@ from training.runstore.listing import (
     wanted,
 )
 from training.runstore.location import RunStorageError
-from training.runstore.s3_store import S3Location, failure, latest_whole, local_targets
+from training.runstore.run_files import read_text
 
 CHUNK = 1 << 20
 
@@ -49,11 +51,7 @@ class BucketRuns:
         return self.location.filesystem()
 
     def _read(self, s3: Any, *parts: str) -> str | None:
-        try:
-            with s3.open_input_stream(self.location.key(*parts)) as stream:
-                return str(stream.read().decode().strip())
-        except FileNotFoundError:
-            return None
+        return read_text(s3, self.location.key(*parts))
 
     def _lease(self, s3: Any, name: str) -> str | None:
         """The run's lease as a reader takes it (listing.held_lease): its newest

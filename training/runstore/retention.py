@@ -2,7 +2,7 @@
 newest K, the one `latest` names, and the best so far, the checkpoint of the iteration
 with the highest episode return mean (what the run reports as its best, from its
 `metrics.csv`). The rest are deleted as the run goes on: on the claim and in the head's
-staging here, in the bucket by the mirror (`s3_store.Mirror`), so a long run does not
+staging here, in the bucket by the mirror (`bucket_mirror.Mirror`), so a long run does not
 fill its storage.
 """
 

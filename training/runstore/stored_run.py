@@ -16,6 +16,9 @@ from pathlib import Path
 
 from infra.endpoints import Endpoints
 from training.runstore import atomic, attempts, events, retention
+from training.runstore.bucket import S3Location, check, failure, patiently
+from training.runstore.bucket_mirror import Mirror
+from training.runstore.bucket_restore import restore, stored_checkpoints, stored_files
 from training.runstore.lease import FileLease, Lease, ObjectLease
 from training.runstore.listing import CHECKPOINTS, LATEST, LEASE, hidden, is_lease
 from training.runstore.location import (
@@ -23,16 +26,6 @@ from training.runstore.location import (
     RunStorageError,
     RunStorageUnavailable,
     check_room,
-)
-from training.runstore.s3_store import (
-    Mirror,
-    S3Location,
-    check,
-    failure,
-    patiently,
-    restore,
-    stored_checkpoints,
-    stored_files,
 )
 
 Log = Callable[[str], None]

@@ -19,13 +19,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from infra.endpoints import Endpoints
 from training.run.endpoints_source import endpoints_file
 from training.runstore import attempts
-from training.runstore.s3_store import S3Location
+from training.runstore.run_files import RunFiles
 from training.runstore.stored_run import staging_root
 
 MODULE = "training.supervise.record"
@@ -38,16 +37,7 @@ def stored_attempts(endpoints: Endpoints, run_name: str) -> list[dict[str, Any]]
     runs = endpoints.runs
     if runs is None:
         return []
-    if runs.uri.startswith("file://"):
-        return attempts.read(Path(runs.uri.removeprefix("file://")) / run_name)
-    location = S3Location.of(runs)
-    try:
-        with location.filesystem().open_input_stream(
-            location.key(run_name, attempts.FILE)
-        ) as stream:
-            text = stream.read().decode()
-    except FileNotFoundError:
-        return []
+    text = RunFiles.of(runs, run_name).read_text(attempts.FILE) or ""
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
@@ -78,12 +68,9 @@ def set_aside_traceback(endpoints: Endpoints, run_name: str) -> list[str]:
     if runs is None:
         return []
     last = max((int(e["attempt"]) for e in stored_attempts(endpoints, run_name)), default=0)
-    places: list[tuple[Any, str]] = []
-    if runs.uri.startswith("file://"):
-        places.append((fs.LocalFileSystem(), f"{runs.uri.removeprefix('file://')}/{run_name}"))
-    else:
-        location = S3Location.of(runs)
-        places.append((location.filesystem(), location.key(run_name)))
+    stored = RunFiles.of(runs, run_name)
+    places: list[tuple[Any, str]] = [(stored.filesystem, stored.root)]
+    if not runs.uri.startswith("file://"):
         places.append((fs.LocalFileSystem(), str(staging_root() / run_name)))
     moved = (set_aside(filesystem, root, last) for filesystem, root in places)
     return [target for target in moved if target is not None]

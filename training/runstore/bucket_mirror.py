@@ -1,4 +1,4 @@
-"""Runs in an S3-compatible bucket (`runs.store: s3`): the run is written to a local
+"""The mirror of a run into its bucket (`runs.store: s3`): the run is written to a local
 directory as always, and mirrored to `s3://<bucket>/<prefix>/<run name>/` in the
 background, so storing never holds up sampling.
 
@@ -23,40 +23,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from datetime import timedelta
-from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from infra.endpoints import RunStorage
 from infra.topology import JOB_STOP_GRACE_S
-from training.runstore import atomic, attempts, events
+from training.runstore import attempts, events
 from training.runstore.atomic import PARTIAL_PREFIX
+from training.runstore.bucket import S3Location, explain
+from training.runstore.bucket_restore import is_meta, stored_checkpoints, stored_files
 from training.runstore.lease import LeaseLost
-from training.runstore.listing import (
-    CHECKPOINTS,
-    LATEST,
-    META,
-    hidden,
-    holds_whole,
-    wanted,
-    whole_checkpoint,
-    within,
-)
-from training.runstore.location import (
-    FIELD,
-    STORE_RETRY_S,
-    STORE_WAIT_S,
-    RunStorageError,
-    RunStorageUnavailable,
-)
+from training.runstore.listing import CHECKPOINTS, LATEST, META, holds_whole
+from training.runstore.run_files import read_text
 
-# Per request (the request timeout is the longest silence within one): a store that does
-# not answer is reported and retried by the mirror within seconds, not waited on.
-CONNECT_TIMEOUT_S = 5.0
-REQUEST_TIMEOUT_S = 10.0
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 15.0
 CLOSING_ROUNDS = 3
 # A file that only grew since its upload (a log, metrics.csv, TensorBoard's events) goes
@@ -70,345 +49,10 @@ GROWN_EVERY_S = 60.0
 CLOSE_TIMEOUT_S = JOB_STOP_GRACE_S / 2
 
 Log = Callable[[str], None]
-T = TypeVar("T")
-
-
-WRITE_CHECK = "write-check"  # the key `check` writes and deletes, below its hidden prefix
 
 
 def _unfenced(*, store: bool = True) -> None:
     """No lease to check (a mirror of tests and benchmarks)."""
-
-
-@dataclass(frozen=True)
-class S3Location:
-    bucket: str
-    prefix: str
-    endpoint: str | None
-    region: str | None
-
-    @classmethod
-    def of(cls, runs: RunStorage) -> S3Location:
-        parts = urlsplit(runs.uri)
-        if parts.scheme != "s3" or not parts.netloc:
-            raise RunStorageError(f"{FIELD}: {runs.uri} is not s3://<bucket>/<prefix>")
-        return cls(parts.netloc, parts.path.strip("/"), runs.s3_endpoint, runs.s3_region)
-
-    def key(self, *parts: str) -> str:
-        """`bucket/prefix/parts...`, the path pyarrow's filesystem takes."""
-        return str(PurePosixPath(self.bucket, self.prefix, *parts))
-
-    def uri(self, *parts: str) -> str:
-        return f"s3://{self.key(*parts)}"
-
-    def filesystem(self) -> Any:
-        from pyarrow import fs
-
-        options: dict[str, Any] = {
-            "region": self.region or "us-east-1",
-            "connect_timeout": CONNECT_TIMEOUT_S,
-            "request_timeout": REQUEST_TIMEOUT_S,
-            # Retries are the mirror's (with backoff and a word to the user), so one
-            # attempt each here: an unreachable store is known in seconds.
-            "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=1),
-        }
-        if self.endpoint is not None:
-            url = urlsplit(self.endpoint)
-            options["endpoint_override"] = url.netloc
-            options["scheme"] = url.scheme
-        return fs.S3FileSystem(**options)
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        """Stores `data` at `key` (a `filesystem()` path: `bucket/...`) unless an object is
-        there: one PUT with `If-None-Match: *`, which the store refuses (412) when the key
-        exists; True when this PUT made it. The run's lease needs it
-        (training.runstore.lease); pyarrow's filesystem cannot send it, so obstore (the
-        Rust object_store's client, which reads the same AWS_* variables) does, once:
-        a timed-out PUT is not retried (a retry of one that landed would be refused)."""
-        import obstore
-        from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
-
-        bucket, _, name = key.partition("/")
-        config: dict[str, Any] = {"region": self.region or "us-east-1", "conditional_put": "etag"}
-        if self.endpoint is not None:
-            config["endpoint"] = self.endpoint
-        store = obstore.store.S3Store(
-            bucket,
-            config=config,
-            client_options={
-                "allow_http": True,
-                "connect_timeout": f"{CONNECT_TIMEOUT_S:g}s",
-                "timeout": f"{REQUEST_TIMEOUT_S:g}s",
-            },
-            retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=0)},
-        )
-        try:
-            obstore.put(store, name, data, mode="create")
-        except (AlreadyExistsError, PreconditionError):
-            return False
-        except NotSupportedError:
-            raise NotImplementedError(
-                f"{FIELD}: {self.uri()}: the store does not take conditional writes "
-                "(If-None-Match), which the run's lease needs; use a store that does "
-                "(AWS S3, SeaweedFS, MinIO) or a claim"
-            ) from None
-        except Exception as exc:  # obstore's errors are no OSError: the callers' outage
-            raise OSError(f"{type(exc).__name__}: {exc}") from None
-        return True
-
-
-def explain(exc: BaseException, location: S3Location) -> str:
-    """The store's error as the user can act on it, naming the field at fault."""
-    text = str(exc)
-    where = location.endpoint or f"AWS S3 ({location.region})"
-    if "NO_SUCH_BUCKET" in text or "NoSuchBucket" in text:
-        return f"runs.s3.bucket: bucket {location.bucket!r} does not exist at {where}"
-    if (
-        any(
-            code in text
-            for code in ("ACCESS_DENIED", "AccessDenied", "INVALID_ACCESS_KEY_ID", "SIGNATURE")
-        )
-        or "InvalidAccessKeyId" in text
-        or "SignatureDoesNotMatch" in text
-    ):
-        return (
-            f"runs.s3.credentials_secret: {where} refused the credentials for bucket "
-            f"{location.bucket!r} (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)"
-        )
-    if "NETWORK_CONNECTION" in text or "connect" in text.lower() or "resolve" in text.lower():
-        return f"runs.s3.endpoint: {where} cannot be reached ({_first_line(text)})"
-    return f"{FIELD}: {location.uri()}: {_first_line(text)}"
-
-
-def misconfigured(exc: BaseException) -> bool:
-    """The store answered, and says the configuration is wrong (no such bucket, keys it
-    refuses): trying again would not help. Anything else (no answer, a 503, a reset
-    connection) is an outage."""
-    text = str(exc)
-    return any(
-        code in text
-        for code in (
-            "NO_SUCH_BUCKET",
-            "NoSuchBucket",
-            "ACCESS_DENIED",
-            "AccessDenied",
-            "INVALID_ACCESS_KEY_ID",
-            "InvalidAccessKeyId",
-            "SIGNATURE",
-            "SignatureDoesNotMatch",
-        )
-    )
-
-
-def failure(exc: BaseException, location: S3Location) -> RunStorageError | RunStorageUnavailable:
-    """The store's error as the exception its callers sort exit statuses by."""
-    if misconfigured(exc):
-        return RunStorageError(explain(exc, location))
-    return RunStorageUnavailable(explain(exc, location))
-
-
-def patiently(
-    location: S3Location, doing: str, attempt: Callable[[], T], log: Log, wait_s: float | None
-) -> T:
-    """`attempt()`, tried again while the store does not answer, for up to `wait_s`: a
-    store down for a moment at a run's start delays it, and one down longer ends it with
-    RunStorageUnavailable (exit status 1, retried by `uerl supervise`). A misconfigured
-    store is a RunStorageError at once. `wait_s` None: STORE_WAIT_S."""
-    wait_s = STORE_WAIT_S if wait_s is None else wait_s
-    deadline = time.monotonic() + wait_s
-    said = False
-    while True:
-        try:
-            return attempt()
-        except OSError as exc:
-            if misconfigured(exc) or exc.errno is not None:  # errno: this machine's disk
-                raise
-            reason = explain(exc, location)
-            if time.monotonic() + STORE_RETRY_S > deadline:
-                raise RunStorageUnavailable(
-                    f"{reason}; {doing}: no answer for {wait_s:.0f} s, giving up "
-                    "(exit status 1: a supervised run tries again)"
-                ) from None
-            if not said:
-                log(f"run storage: {doing}: {reason}; trying again for up to {wait_s:.0f} s")
-                said = True
-            time.sleep(STORE_RETRY_S)
-
-
-def stored_checkpoints(files: Collection[str]) -> set[str]:
-    """The checkpoints stored whole among a run's `files` (`stored_files`)."""
-    return {relative.split("/")[1] for relative in files if _is_meta(relative)}
-
-
-def _is_meta(relative: str) -> bool:
-    """`checkpoints/<name>/uerl.json`: a checkpoint stored whole."""
-    parts = relative.split("/")
-    return len(parts) == 3 and parts[0] == CHECKPOINTS and parts[2] == META
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else "no detail"
-
-
-def check(
-    location: S3Location, run_name: str, log: Log = print, wait_s: float | None = None
-) -> None:
-    """The bucket is there, the credentials are taken and a run can write under its
-    prefix: a RunStorageError naming the field otherwise, before anything starts; a
-    store that does not answer for `wait_s`, RunStorageUnavailable."""
-    from pyarrow import fs
-
-    def probe() -> None:
-        s3 = location.filesystem()
-        info = s3.get_file_info(location.bucket)
-        if info.type == fs.FileType.NotFound:
-            raise RunStorageError(
-                f"runs.s3.bucket: bucket {location.bucket!r} does not exist at "
-                f"{location.endpoint or 'AWS S3'}"
-            )
-        key = location.key(run_name, f"{PARTIAL_PREFIX}{atomic.WRITER}-{WRITE_CHECK}")
-        with s3.open_output_stream(key) as out:
-            out.write(b"uerl")
-        s3.delete_file(key)
-        # An earlier check's, left when its store went away between its write and its
-        # delete (hidden from every reader, but kept for good otherwise).
-        top = fs.FileSelector(location.key(run_name), allow_not_found=True)
-        for info in s3.get_file_info(top):
-            name = info.base_name
-            if name.startswith(PARTIAL_PREFIX) and name.endswith(f"-{WRITE_CHECK}"):
-                s3.delete_file(info.path)
-
-    try:
-        patiently(location, "checking the bucket", probe, log, wait_s)
-    except OSError as exc:
-        raise failure(exc, location) from None
-
-
-def stored_files(s3: Any, location: S3Location, run_name: str) -> dict[str, int]:
-    """Every file the bucket holds of the run (its path in the run: the key below
-    `<prefix>/<run name>/`, as stored) with its size; no partial writes."""
-    from pyarrow import fs
-
-    root = location.key(run_name)
-    selector = fs.FileSelector(root, recursive=True, allow_not_found=True)
-    return {
-        info.path[len(root) + 1 :]: info.size or 0
-        for info in s3.get_file_info(selector)
-        if info.type == fs.FileType.File and not hidden(info.path[len(root) + 1 :])
-    }
-
-
-def read_text(s3: Any, key: str) -> str | None:
-    try:
-        with s3.open_input_stream(key) as stream:
-            return str(stream.read().decode().strip())
-    except FileNotFoundError:
-        return None
-
-
-def local_targets(
-    location: S3Location, run_name: str, files: Collection[str], local: Path
-) -> dict[str, Path]:
-    """Each stored file's place under `local`; a RunStorageError naming the first key
-    that would be written outside it (nothing is written then)."""
-    targets = {}
-    for relative in files:
-        target = within(local, relative)
-        if target is None:
-            raise RunStorageError(
-                f"s3://{location.key(run_name)}/{relative}: the key leads outside the run's "
-                f"directory {local}; refused, nothing copied (delete the key)"
-            )
-        targets[relative] = target
-    return targets
-
-
-def latest_whole(
-    s3: Any,
-    location: S3Location,
-    run_name: str,
-    named: str | None,
-    files: Collection[str],
-    log: Log,
-) -> str | None:
-    """The checkpoint to take of the run: `named` (what `checkpoints/latest` says) when
-    the bucket holds it whole, else the newest it does, saying so."""
-    latest = whole_checkpoint(named, files, lambda rel: read_text(s3, location.key(run_name, rel)))
-    if named is not None and latest != named:
-        instead = f"taking {latest}, the newest whole one" if latest else "it holds no whole one"
-        log(
-            f"run storage: {location.uri(run_name)}: checkpoints/latest names {named}, which "
-            f"it does not hold whole (its {META} missing or unreadable); {instead}"
-        )
-    return latest
-
-
-def restore(
-    location: S3Location, run_name: str, local: Path, log: Log, wait_s: float | None = None
-) -> bool:
-    """A stored run back into `local` to resume it: everything but the checkpoints other
-    than the one it resumes from (`latest_whole`). False when the store holds no whole
-    checkpoint of the run; what else it holds (the attempts' record, logs, curves) comes
-    back all the same, for the run starting over to add to, not overwrite. A store that
-    does not answer is waited for up to `wait_s` (`patiently`)."""
-    s3 = location.filesystem()
-
-    def read() -> tuple[str | None, dict[str, int], str | None]:
-        # The pointer first: the checkpoint it names was stored before it, so the listing
-        # taken after it holds that checkpoint.
-        named = read_text(s3, location.key(run_name, CHECKPOINTS, LATEST)) or None
-        files = stored_files(s3, location, run_name)
-        return named, files, latest_whole(s3, location, run_name, named, files, log)
-
-    try:
-        _, files, latest = patiently(location, "reading the run", read, log, wait_s)
-    except OSError as exc:
-        raise failure(exc, location) from None
-    targets = local_targets(location, run_name, files, local)
-    pointer = f"{CHECKPOINTS}/{LATEST}"
-    taken = [
-        relative
-        for relative in files
-        if relative != pointer and wanted(relative, latest, latest_only=True)
-    ]
-    if not taken:
-        return False
-    from pyarrow import fs
-
-    vanished: list[str] = []
-
-    def copy() -> None:
-        for relative in taken:
-            targets[relative].parent.mkdir(parents=True, exist_ok=True)
-            try:
-                fs.copy_files(
-                    location.key(run_name, relative), str(targets[relative]), source_filesystem=s3
-                )
-            except FileNotFoundError:
-                if s3.get_file_info(location.key(run_name, relative)).type != fs.FileType.NotFound:
-                    raise  # the key is there: this machine's side
-                vanished.append(relative)  # the store's key, gone since it was listed
-
-    try:
-        patiently(location, "restoring the run", copy, log, wait_s)
-    except OSError as exc:
-        if exc.errno is not None:  # this machine's disk, not the store
-            raise RunStorageError(f"{FIELD}: restoring into {local}: {exc}") from None
-        raise failure(exc, location) from None
-    if latest is not None and any(r.startswith(f"{CHECKPOINTS}/{latest}/") for r in vanished):
-        raise RunStorageUnavailable(
-            f"{FIELD}: {location.uri(run_name)}: {latest} was deleted while it was restored "
-            "(another writer's retention?); try again"
-        )
-    if latest is not None:  # last, as the run wrote it: it names a checkpoint now here
-        atomic.write_text(local / pointer, latest)
-    size = sum(files[relative] for relative in taken)
-    resumes = f"checkpoint {latest}" if latest else "no checkpoint yet: the run starts over"
-    log(
-        f"run storage: restored {location.uri(run_name)} ({len(taken)} files, "
-        f"{size / 2**20:.1f} MiB; {resumes})"
-    )
-    return latest is not None
 
 
 class Mirror:
@@ -756,7 +400,7 @@ class Mirror:
     def _delete_removed(self) -> None:
         with self._retention_lock:
             stored = self._stored_checkpoints or set()
-            stored |= {rel.split("/")[1] for rel in self._uploaded if _is_meta(rel)}
+            stored |= {rel.split("/")[1] for rel in self._uploaded if is_meta(rel)}
             self._stored_checkpoints = stored
             doomed = sorted(self._removed - {self._uploaded_pointer} - self._pointer_maybe)
         if doomed:
@@ -765,7 +409,7 @@ class Mirror:
         for name in doomed:
             ours = [rel for rel in files if rel.startswith(f"{CHECKPOINTS}/{name}/")]
             # Its META first: from then on no reader takes it as whole.
-            for relative in sorted(ours, key=lambda rel: not _is_meta(rel)):
+            for relative in sorted(ours, key=lambda rel: not is_meta(rel)):
                 self._s3.delete_file(self.location.key(self.run_name, relative))
                 self._uploaded.pop(relative, None)
                 self._uploaded_at.pop(relative, None)
