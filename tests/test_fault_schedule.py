@@ -732,3 +732,81 @@ def test_retention_losing_one_of_the_newest_checkpoints_breaks_it() -> None:
     ]
     # Stored whole past `latest` (its pointer not up yet): not counted until named.
     assert fsch.newest_kept_problems(stored(6, 8, 10, latest=8), seen, 2) == []
+
+
+# ---- gaps in the checker's reads ------------------------------------------------------
+
+
+def test_a_gap_in_the_store_reads_over_the_limit_is_reported_with_when() -> None:
+    readers, clock = Readers(), Clock()
+    check = checker(readers, clock, gap_limit_s=30.0)
+    check.check_once()
+    clock.now += 45.0  # a round that hung, the store up
+    check.check_once()
+    [found] = check.violations
+    assert found.invariant == fsch.READ_GAPS
+    assert "no read of the store for 45 s (0 s to 45 s)" in found.detail
+    assert check.longest_gap_s == 45.0
+
+
+def test_a_gap_over_an_outage_of_the_schedule_is_no_gap_of_the_checker() -> None:
+    readers, clock = Readers(), Clock()
+    check = checker(readers, clock, gap_limit_s=30.0)
+    check.check_once()
+    readers.store = OSError("connection refused")
+    with check.store_outage():
+        clock.now += 40.0
+        check.check_once()  # fails: the store is down on purpose
+    readers.store = stored()
+    clock.now += 5.0
+    check.check_once()
+    assert check.violations == [] and check.counts["store unread"] == 1
+    assert check.longest_gap_s == 45.0
+
+
+def test_a_woken_checker_reads_at_once_not_at_its_next_interval() -> None:
+    readers = Readers()
+    rounds = threading.Semaphore(0)
+
+    def read_jobs() -> list[Any]:
+        rounds.release()
+        return []
+
+    check = fsch.Checker(
+        RUN, keep=5, checkpoint_every=2, read_store=readers.read_store, read_jobs=read_jobs,
+        head_ready=lambda: True, logs=lambda: readers.view, interval_s=3600.0, settle_s=30.0,
+        unanswered_limit_s=60.0, partials_allowed=False,
+    )  # fmt: skip
+    check.start()
+    try:
+        assert rounds.acquire(timeout=10)  # its first round, at start
+        check.wake()
+        assert rounds.acquire(timeout=10)  # not an hour later
+    finally:
+        check.stop(10.0, final=False)
+
+
+def test_a_job_api_that_hangs_delays_no_read_of_the_store() -> None:
+    readers = Readers()
+    hung, store_reads = threading.Event(), threading.Semaphore(0)
+
+    def read_jobs() -> list[Any]:
+        hung.wait(30)  # a request to a head gone mid-way
+        return []
+
+    def read_store() -> Any:
+        store_reads.release()
+        return readers.store
+
+    check = fsch.Checker(
+        RUN, keep=5, checkpoint_every=2, read_store=read_store, read_jobs=read_jobs,
+        head_ready=lambda: True, logs=lambda: readers.view, interval_s=0.01, settle_s=30.0,
+        unanswered_limit_s=60.0, partials_allowed=False,
+    )  # fmt: skip
+    check.start()
+    try:
+        assert all(store_reads.acquire(timeout=10) for _ in range(3))
+    finally:
+        hung.set()
+        check.stop(10.0, final=False)
+    assert check.violations == []

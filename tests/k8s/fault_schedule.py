@@ -9,7 +9,8 @@ run to its invariants the whole time it runs, not only at its end (test_pods_e2e
   directory, or the bucket), the head's jobs of the run (`JobState`), the supervisor's
   log (`LogView`), the faults that struck (`Struck`) and, at the end, the supervisor's
   Job and its pods.
-- `Checker`: a thread reading all of that every few seconds while the schedule runs,
+- `Checker`: two threads (the job API, the store) reading all of that every few seconds
+  while the schedule runs, and at once after each fault,
   keeping each broken invariant once, with when it was first seen.
 
 Nothing here reaches a cluster: the tier passes the readers in, and
@@ -19,6 +20,7 @@ tests/test_fault_schedule.py feeds the checks snapshots that break each invarian
 from __future__ import annotations
 
 import calendar
+import contextlib
 import csv
 import io
 import json
@@ -28,7 +30,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -86,6 +88,7 @@ REDONE = "at most one checkpoint interval redone per fault (in a bucket two)"
 RETENTION = "retention held"
 NO_PARTIAL = "no write in progress stored"
 LEASE_FENCED = "the lease's generations only grow, one holder each"
+READ_GAPS = "no gap in the checker's reads of the store outside an outage of the schedule"
 CHECKER = "the checker itself"
 
 
@@ -638,10 +641,13 @@ class Violation:
 
 
 class Checker:
-    """Beside a supervised run, every `interval_s`: the stored run, the head's jobs of the
-    run and the supervisor's log read and checked; each broken invariant kept once with
-    when it was first seen (and printed then). A reader that fails (a store stopped on
-    purpose, no head) skips its checks for that round. Two invariants need time to tell:
+    """Beside a supervised run, every `interval_s` (and at once when woken): the stored
+    run, the head's jobs of the run and the supervisor's log read and checked, the job
+    API and the store each on a thread of its own (a hung request to a head delays no
+    read of the store; a gap in those over `gap_limit_s` outside an outage is reported);
+    each broken invariant kept once with when it was first seen (and printed then). A
+    reader that fails (a store stopped on purpose, no head) skips its checks for that
+    round. Two invariants need time to tell:
     retention, over its limit for `settle_s` of rounds that read the store (a round
     after an outage uploads what waited, then deletes the oldest); and the job API,
     unanswered for `unanswered_limit_s` while a head is Running and Ready (the one-job
@@ -662,6 +668,7 @@ class Checker:
         unanswered_limit_s: float,
         partials_allowed: bool,
         redo_bound: int | None = None,
+        gap_limit_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -692,12 +699,21 @@ class Checker:
         self._lease_holders: dict[int, str] = {}  # generation -> its holder, as first seen
         self._newest_lease = 0
         self._ever_whole: set[str] = set()  # checkpoints seen stored whole
+        # Successive reads of the store further apart than this, with no outage of the
+        # schedule's between them, are a gap the checker saw nothing in (READ_GAPS).
+        self.gap_limit_s = gap_limit_s
+        self._last_read_at: float | None = None
+        self.longest_gap_s = 0.0
+        self._outages: list[tuple[float, float | None]] = []  # (start, end: None while on)
+        # The job API and the store are read on threads of their own: a request to a
+        # head that hangs delays no read of the store (READ_GAPS).
+        self._wakes = {"jobs": threading.Event(), "store": threading.Event()}
         self._gone_last_round: set[str] = set()
         self._over_since: float | None = None  # retention over its limit since
         self._unanswered_since: float | None = None  # the job API, with a head ready
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def elapsed(self) -> float:
         return self.clock() - self.started
@@ -712,32 +728,81 @@ class Checker:
         stored = self.last_stored
         return None if stored is None else stored.latest_iteration()
 
+    @contextlib.contextmanager
+    def store_outage(self) -> Iterator[None]:
+        """Around a fault that takes the store away (stopped, killed): reads then fail by
+        design, and a gap in them over the outage is no gap of the checker's."""
+        with self._lock:
+            self._outages.append((self.clock(), None))
+            index = len(self._outages) - 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._outages[index] = (self._outages[index][0], self.clock())
+
+    def wake(self) -> None:
+        """A round now, not at the next interval (right after a fault has acted)."""
+        for wake in self._wakes.values():
+            wake.set()
+
+    def _gap_problem(self, start: float, end: float) -> str | None:
+        """The gap between two reads of the store, said, if it is over the limit and no
+        outage overlaps it."""
+        gap = end - start
+        self.longest_gap_s = max(self.longest_gap_s, gap)
+        if self.gap_limit_s is None or gap <= self.gap_limit_s:
+            return None
+        with self._lock:
+            outages = list(self._outages)
+        if any(o_start <= end and (o_end is None or o_end >= start) for o_start, o_end in outages):
+            return None
+        return (
+            f"no read of the store for {gap:.0f} s ({start - self.started:.0f} s to "
+            f"{end - self.started:.0f} s), outside any outage of the schedule (limit "
+            f"{self.gap_limit_s:.0f} s): what changed then went unchecked"
+        )
+
     def start(self) -> None:
         self.started = self.clock()
-        self._thread = threading.Thread(target=self._loop, name="uerl-fault-checker", daemon=True)
-        self._thread.start()
+        parts = {"jobs": self._check_jobs, "store": self._check_store}
+        self._threads = [
+            threading.Thread(
+                target=self._loop, args=(parts[name], wake), name=f"uerl-checker-{name}",
+                daemon=True,
+            )
+            for name, wake in self._wakes.items()
+        ]  # fmt: skip
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout_s: float, *, final: bool = True) -> list[Violation]:
         """Stops the thread (a round in progress ends first, within `timeout_s`), then,
         with `final`, checks once more: the end state."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                self._violate(CHECKER, f"a round did not end within {timeout_s:.0f} s")
+        self.wake()
+        deadline = self.clock() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - self.clock()))
+            if thread.is_alive():
+                self._violate(
+                    CHECKER, f"{thread.name}: a round did not end within {timeout_s:.0f} s"
+                )
         if final:
             self._round()
         return list(self.violations)
 
-    def _loop(self) -> None:
+    def _loop(self, part: Callable[[], None], wake: threading.Event) -> None:
         while True:
-            self._round()
-            if self._stop.wait(self.interval_s):
+            self._round(part)
+            wake.wait(self.interval_s)
+            wake.clear()
+            if self._stop.is_set():
                 return
 
-    def _round(self) -> None:
+    def _round(self, part: Callable[[], None] | None = None) -> None:
         try:
-            self.check_once()
+            (part or self.check_once)()
         except Exception as exc:  # a fault of the checker's own: it must not pass unseen
             self._violate(CHECKER, f"{type(exc).__name__}: {exc}")
 
@@ -792,6 +857,12 @@ class Checker:
             self._over_since = None  # its limit counts rounds that read it
             return
         self.counts["store read"] += 1
+        now = self.clock()
+        if self._last_read_at is not None:
+            problem = self._gap_problem(self._last_read_at, now)
+            if problem is not None:
+                self._violate(READ_GAPS, problem)
+        self._last_read_at = now
         view = self.logs()
         with self._lock:
             faults, running = list(self._struck), dict(self._last_running)

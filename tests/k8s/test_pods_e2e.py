@@ -875,6 +875,8 @@ STORE_DOWN_S = 20.0
 # own wait, STORE_WAIT_S, is not scaled either).
 UPLOAD_PAUSE_S = 40.0
 JOB_API_TIMEOUT_S = guard(20)  # one request of the checker to the head's job API
+# The longest the checker may go without reading the store outside an outage.
+READ_GAP_LIMIT_S = guard(90)
 # Checks over the runs' whole life: a checker that read too little proved nothing.
 CHECKER_ROUNDS_AT_LEAST = 10
 # A dead writer's save cut short (a writer id no process has), as a head lost mid-save
@@ -1090,6 +1092,8 @@ def _watch(
         # In a bucket a checkpoint is stored once uploaded beside the training: a head
         # lost while one is on its way loses that one too (one interval more).
         redo_bound=CHECKPOINT_EVERY if claim else 2 * CHECKPOINT_EVERY,
+        # Two rounds with a hung job-API request each (JOB_API_TIMEOUT_S), and room.
+        gap_limit_s=READ_GAP_LIMIT_S,
     )
     return _Faults(cp, label, run, job, schedule, logs, checker, figures)
 
@@ -1119,7 +1123,8 @@ def _through(f: _Faults, iterations: int, started: Callable[[], None] | None = N
     end = supervisor_end_problems(status, _supervisor_pods(f.cp, f.job), f.deleted_supervisors)
     counts = dict(f.checker.counts)
     f.figures[f"{f.label}: invariant checks"] = counts | {
-        "most checkpoints stored": f.checker.most_checkpoints
+        "most checkpoints stored": f.checker.most_checkpoints,
+        "longest gap between store reads, s": round(f.checker.longest_gap_s, 1),
     }
     return FaultRun(f.job, f.schedule, struck, f.over_s, violations, counts, view.text, end,
                     f.evidence, run_dir=f.run_dir)  # fmt: skip
@@ -1147,6 +1152,7 @@ def _run_schedule(f: _Faults, iterations: int) -> list[Struck]:
                         f"({fault.kind})", interval_s=1)  # fmt: skip
         before = f.logs.refresh()
         hit = _strike(f, index, fault)
+        f.checker.wake()  # a round right after the fault has acted, not at the next interval
         struck.append(hit)
         print(f"{f.label}: fault {hit.describe()}", flush=True)
         f.cp.wait_until(lambda hit=hit, before=before: _over(f, hit, before), guard(900),
@@ -1208,7 +1214,8 @@ def _strike(f: _Faults, index: int, fault: Fault) -> Struck:
         before = f.logs.view()
         f.evidence[STORE] = before.last_line  # the mirror's lines about it come after this
         started = time.monotonic()
-        f.store.kill_and_restart(STORE_DOWN_S)  # the checker's reads fail meanwhile
+        with f.checker.store_outage():  # the checker's reads fail meanwhile
+            f.store.kill_and_restart(STORE_DOWN_S)
         shown = f.logs.refresh().pairs - before.pairs
         f.figures[f"{f.label}: store killed -> answering again, s"] = round(
             time.monotonic() - started, 1
@@ -1263,7 +1270,8 @@ def _head_during_upload(f: _Faults, struck: Callable[..., Struck]) -> Struck:
     def pause_then_read() -> None:
         """The store stopped, then read at once when it is back (before the next attempt,
         which waits for a new head, can write): what it held of the two checkpoints."""
-        f.store.pause(UPLOAD_PAUSE_S)
+        with f.checker.store_outage():
+            f.store.pause(UPLOAD_PAUSE_S)
         held = None
         for _ in range(20):
             if (held := read()) is not None:
