@@ -41,7 +41,11 @@ BUCKET_FAULTS = [fsch.STORE, fsch.OPERATOR, fsch.LEARNER, fsch.NEW_IMAGE, fsch.H
 
 
 def meta(iteration: int) -> str:
-    return json.dumps({"iteration": iteration, "env_steps_total": iteration * 1000})
+    """A checkpoint's uerl.json as this uerl writes it: naming its files (`stored`'s)."""
+    return json.dumps(
+        {"iteration": iteration, "env_steps_total": iteration * 1000,
+         "files": {"module_state.pkl": 7}}
+    )  # fmt: skip
 
 
 def name(iteration: int) -> str:
@@ -810,3 +814,22 @@ def test_a_job_api_that_hangs_delays_no_read_of_the_store() -> None:
         hung.set()
         check.stop(10.0, final=False)
     assert check.violations == []
+
+
+def test_the_checkers_own_layout_names_are_the_products() -> None:
+    # The checker reads the stored run on its own; the names are the contract between.
+    from training.runstore import atomic, attempts, listing, retention
+
+    assert (fsch.CHECKPOINTS, fsch.LATEST, fsch.META, fsch.LEASE_DIR) == (
+        listing.CHECKPOINTS, listing.LATEST, listing.META, listing.LEASE,
+    )  # fmt: skip
+    assert (fsch.METRICS, fsch.ATTEMPTS_FILE) == (retention.METRICS, attempts.FILE)
+    assert fsch.PARTIAL_PREFIX == atomic.PARTIAL_PREFIX
+    assert fsch.lease_generation(listing.lease_name(7)) == 7
+    assert fsch.iteration_of("checkpoint_000012") == retention.iteration_of("checkpoint_000012")
+
+
+def test_a_checkpoint_whose_meta_names_no_files_is_not_whole_to_the_checker() -> None:
+    meta = '{"iteration": 2, "env_steps_total": 200, "algo": "PPO"}'
+    sizes = {"checkpoints/checkpoint_000002/uerl.json": 60}
+    assert not fsch.holds_whole("checkpoint_000002", meta, sizes)

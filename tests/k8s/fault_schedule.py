@@ -37,17 +37,67 @@ from typing import Any
 
 from run_events import event_lines, events  # tests/, on the path via its conftest
 
-from training.runstore.attempts import FILE as ATTEMPTS_FILE
-from training.runstore.listing import (
-    CHECKPOINTS,
-    LATEST,
-    META,
-    hidden,
-    holds_whole,
-    lease_generation,
-    read_checkpoint_meta,
-)
-from training.runstore.retention import METRICS, iteration_of
+# ---- the stored run's layout, read here on its own ------------------------------------
+# The names are the stored run's contract (docs/kubernetes.md; tests/test_fault_schedule.py
+# checks them against the product's); the readers are the checker's own, not the
+# product's, so that a fault in those cannot pass unseen.
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"  # checkpoints/latest: the name of the checkpoint to resume
+META = "uerl.json"  # a checkpoint's own record, written last: its iteration, its files
+METRICS = "metrics.csv"
+ATTEMPTS_FILE = "attempts.jsonl"
+LEASE_DIR = "lease"  # lease/NNNNNNNNN.json, one file a generation
+PARTIAL_PREFIX = ".partial-"  # a write in progress (a file or directory so named)
+CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d{6,})$")
+
+
+def iteration_of(name: str) -> int | None:
+    """checkpoint_000012 -> 12; None for any other name."""
+    found = CHECKPOINT_NAME.match(name)
+    return int(found[1]) if found else None
+
+
+def hidden(relative: str) -> bool:
+    """A write in progress, or one a dead writer left: no reader may take it."""
+    return any(part.startswith(PARTIAL_PREFIX) for part in relative.split("/"))
+
+
+def lease_generation(relative: str) -> int | None:
+    """lease/000000003.json -> 3; None for any other path."""
+    found = re.fullmatch(rf"{LEASE_DIR}/(\d+)\.json", relative)
+    return int(found[1]) if found else None
+
+
+def read_checkpoint_meta(text: str) -> tuple[int | None, int | None]:
+    """(iteration, env steps) a checkpoint's META says; Nones if it does not read."""
+    try:
+        meta = json.loads(text)
+        return int(meta["iteration"]), int(meta["env_steps_total"])
+    except (ValueError, KeyError, TypeError):
+        return None, None
+
+
+def holds_whole(
+    name: str, meta_text: str | None, sizes: Mapping[str, int] | Collection[str]
+) -> bool:
+    """Checkpoint `name` is whole in `sizes` (each stored file's path in the run -> its
+    bytes; or the paths only, sizes not known): its META reads and names its files, and
+    each is stored (at that size). A checkpoint this uerl writes always names them: one
+    without is not whole here."""
+    if meta_text is None or read_checkpoint_meta(meta_text)[0] is None:
+        return False
+    try:
+        files = json.loads(meta_text)["files"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    if not isinstance(files, dict) or not files:
+        return False
+    for relative, size in files.items():
+        key = f"{CHECKPOINTS}/{name}/{relative}"
+        if key not in sizes or (isinstance(sizes, Mapping) and sizes[key] != size):
+            return False
+    return True
+
 
 SEED_VARIABLE = "UERL_FAULT_SEED"
 
@@ -401,7 +451,7 @@ def latest_problems(stored: StoredRun) -> list[str]:
         return [f"checkpoints/latest names {name}, whose {META} does not read"]
     if iteration != iteration_of(name):
         return [f"checkpoints/latest names {name}, whose {META} says iteration {iteration}"]
-    # Whole as the product reads it: every file its uerl.json names, at its size.
+    # Whole: every file its uerl.json names, at its size (the checker's own reading).
     if not holds_whole(
         name, stored.latest_meta, stored.sizes if stored.sizes is not None else stored.files
     ):
