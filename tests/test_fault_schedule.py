@@ -37,7 +37,9 @@ def _load() -> ModuleType:
 
 fsch = _load()
 RUN = "r"
-BUCKET_FAULTS = [fsch.STORE, fsch.OPERATOR, fsch.LEARNER, fsch.NEW_IMAGE, fsch.HEAD_DURING_UPLOAD]
+BUCKET_FAULTS = [
+    fsch.STORE, fsch.OPERATOR, fsch.HEAD, fsch.LEARNER, fsch.NEW_IMAGE, fsch.HEAD_DURING_UPLOAD
+]  # fmt: skip
 
 
 def meta(iteration: int) -> str:
@@ -833,3 +835,12 @@ def test_a_checkpoint_whose_meta_names_no_files_is_not_whole_to_the_checker() ->
     meta = '{"iteration": 2, "env_steps_total": 200, "algo": "PPO"}'
     sizes = {"checkpoints/checkpoint_000002/uerl.json": 60}
     assert not fsch.holds_whole("checkpoint_000002", meta, sizes)
+
+
+def test_the_seed_replays_the_moment_each_fault_strikes_within_its_iteration() -> None:
+    one = fsch.make_schedule(5, BUCKET_FAULTS, first=(2, 3), gap=(1, 2), salt="bucket")
+    again = fsch.make_schedule(5, BUCKET_FAULTS, first=(2, 3), gap=(1, 2), salt="bucket")
+    delays = [fault.delay_s for fault in one.faults]
+    assert delays == [fault.delay_s for fault in again.faults]
+    assert all(fsch.DELAY_S[0] <= d <= fsch.DELAY_S[1] for d in delays) and len(set(delays)) > 1
+    assert f"and {delays[0]} s" in one.describe()

@@ -110,6 +110,7 @@ WORKER = "worker-pod"
 OPERATOR = "operator-pod"
 STORE = "store-killed"
 NEW_IMAGE = "new-image"
+CONTENDER = "second-writer"
 KINDS = {
     HEAD: "the Ray head pod force-deleted (--grace-period=0 --force)",
     HEAD_DURING_UPLOAD: "the store stopped once a checkpoint is stored, then the head pod "
@@ -120,6 +121,7 @@ KINDS = {
     OPERATOR: "the KubeRay operator's pod deleted",
     STORE: "the object store killed (SIGKILL), started again on its data 20 s later",
     NEW_IMAGE: "`pulumi up` with a new Ray image (every Ray pod recreated)",
+    CONTENDER: "a second `uerl train` of the run started on the head while it trains",
 }
 # Faults that end the running attempt (its driver ran on the head, or its learner is
 # gone): the supervisor submits the next, which resumes from the stored run.
@@ -145,10 +147,16 @@ CHECKER = "the checker itself"
 # ---- the schedule ---------------------------------------------------------------------
 
 
+# A fault strikes this long (drawn from the seed) after the iteration it is due at: the
+# moment within an iteration replays too, not only the order.
+DELAY_S = (0.0, 2.0)
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: str
     after: int  # iterations the run shows after the fault before is over (the first: its start)
+    delay_s: float = 0.0  # then this long before it strikes
 
 
 @dataclass(frozen=True)
@@ -158,7 +166,7 @@ class Schedule:
 
     def describe(self) -> str:
         steps = "; ".join(
-            f"{index}. {fault.kind} after {fault.after} more iteration(s)"
+            f"{index}. {fault.kind} after {fault.after} more iteration(s) and {fault.delay_s} s"
             for index, fault in enumerate(self.faults, 1)
         )
         return f"fault schedule, seed {self.seed} ({SEED_VARIABLE}={self.seed} replays it): {steps}"
@@ -194,13 +202,9 @@ def make_schedule(
     rng = random.Random(f"{seed}:{salt}")  # a str seed: the same draw on every host
     order = list(kinds)
     rng.shuffle(order)
-    return Schedule(
-        seed,
-        tuple(
-            Fault(kind, rng.randint(*(first if index == 0 else gap)))
-            for index, kind in enumerate(order)
-        ),
-    )
+    afters = [rng.randint(*(first if index == 0 else gap)) for index in range(len(order))]
+    delays = [round(rng.uniform(*DELAY_S), 1) for _ in order]
+    return Schedule(seed, tuple(Fault(*drawn) for drawn in zip(order, afters, delays, strict=True)))
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ import prometheus_pod
 import pytest
 from controlplane import NODE_API_ADDRESS, ControlPlane
 from fault_schedule import (
+    CONTENDER,
     ENDS_THE_ATTEMPT,
     HEAD,
     HEAD_DURING_UPLOAD,
@@ -861,9 +862,10 @@ SUPERVISED_RUN = "supervised"
 # a replaced supervisor starts and follows (up to 6 iterations here) and while a deleted
 # worker pod drains, is replaced and samples twice (up to 12: its raylet samples on
 # through its grace period), and some after the last fault. 24 was too few for worker,
-# then head (a CI run: the worker's fault over at iteration 22 of 24).
-SUPERVISED_ITERATIONS = 32
-CLAIM_FAULTS = (HEAD, SUPERVISOR, WORKER)
+# then head (a CI run: the worker's fault over at iteration 22 of 24); and a second
+# writer refused (an iteration or two: its `uerl train` starts, watches the lease renewed).
+SUPERVISED_ITERATIONS = 36
+CLAIM_FAULTS = (HEAD, SUPERVISOR, WORKER, CONTENDER)
 CHECKPOINT_EVERY = 2  # both supervised runs' --checkpoint-every
 CHECK_EVERY_S = 3.0  # the checker's rounds
 # The store's outage: killed, then started again on its data this long after.
@@ -1151,6 +1153,7 @@ def _run_schedule(f: _Faults, iterations: int) -> list[Struck]:
         f.cp.wait_until(due, guard(900), f"{fault.after} iteration(s) before fault {index} "
                         f"({fault.kind})", interval_s=1)  # fmt: skip
         before = f.logs.refresh()
+        time.sleep(fault.delay_s)  # the seed's moment within the iteration
         hit = _strike(f, index, fault)
         f.checker.wake()  # a round right after the fault has acted, not at the next interval
         struck.append(hit)
@@ -1221,6 +1224,16 @@ def _strike(f: _Faults, index: int, fault: Fault) -> Struck:
             time.monotonic() - started, 1
         )
         f.figures[f"{f.label}: iterations while the store was down"] = len(shown)
+        return hit
+    if fault.kind == CONTENDER:
+        # The same run on the same head, as a person might start it by mistake: its lease
+        # is held and renewed, so it is refused before it writes anything.
+        head = head_pod(cp)
+        hit = struck(head)
+        done = cp.kubectl("exec", "-n", NAMESPACE, head, "-c", "ray-head", "--", "uerl", "train",
+                          "--run-name", f.run, "--resume", "auto", "--iterations", "1",
+                          check=False, timeout_s=guard(300))  # fmt: skip
+        f.evidence[CONTENDER] = f"exit {done.returncode}: {done.stdout}{done.stderr}".strip()
         return hit
     if fault.kind == NEW_IMAGE:
         assert f.node is not None and f.project is not None
@@ -1477,6 +1490,17 @@ def test_a_deleted_worker_pod_is_replaced_and_its_runner_samples_on_the_new_one(
     uid, ip = supervised_run.evidence["worker pod after"].split()
     assert uid != gone
     assert supervised_run.evidence["runner node ips after worker"] == ip
+
+
+def test_a_second_writer_of_the_claim_run_is_refused_naming_the_holder(
+    supervised_run: FaultRun,
+) -> None:
+    said = supervised_run.evidence[CONTENDER]
+    # Refused by the lease (exit 1: free once the writer ends), not by anything before it;
+    # that it wrote nothing is the checker's: one holder per generation, the attempts
+    # consecutive, every iteration once.
+    assert said.startswith("exit 1: ") and "the run is being written by writer " in said, said
+    assert "Traceback" not in said, said
 
 
 def test_a_deleted_supervisor_pod_is_replaced_by_one_following_the_running_attempt(
