@@ -795,6 +795,13 @@ class Checker:
             with self._lock:
                 self._outages[index] = (self._outages[index][0], self.clock())
 
+    def store_changed(self) -> None:
+        """The store says the run's `latest` changed (store_changes.py): a round of the
+        store's checks now, so that each change is checked, not a sample of them."""
+        with self._lock:
+            self.counts["latest changes seen"] += 1
+        self._wakes["store"].set()
+
     def wake(self) -> None:
         """A round now, not at the next interval (right after a fault has acted)."""
         for wake in self._wakes.values():

@@ -47,6 +47,7 @@ class ObjectStore:
         self._args: list[str] = []
         self.started = StartedProcesses(grace_s=20)
         self.port = 0
+        self.filer_port = 0  # its metadata stream: store_changes.bucket_changes
 
     @property
     def endpoint(self) -> str:
@@ -75,7 +76,7 @@ class ObjectStore:
             )
         )
         s3, master, volume, filer = free_ports(4)
-        self.port = s3
+        self.port, self.filer_port = s3, filer
         args = [
             str(self.weed), "mini", f"-dir={self.workdir / 'data'}",
             f"-ip={self.address}", f"-ip.bind={self.address}",

@@ -93,6 +93,7 @@ from pyarrow import fs
 from ray_api_calls import gcs_nodes, http_status  # tests/, on the path via its conftest
 from run_events import events
 from stacks import running_and_ready
+from store_changes import bucket_changes, claim_changes
 
 from infra.endpoints import worker_endpoint
 from infra.topology import GCS_PORT, JOB_STOP_GRACE_S, METRICS_PORT, quantity_value
@@ -930,6 +931,9 @@ class _Faults:
     evidence: dict[str, str] = field(default_factory=dict)
     over_s: dict[int, float] = field(default_factory=dict)
     pauses: list[threading.Thread] = field(default_factory=list)  # the store's, in flight
+    # The store's own word of each change of the run's `latest` (store_changes.py), given
+    # to the checker for a round each.
+    changes: Callable[[Callable[[], None]], contextlib.AbstractContextManager[None]] | None = None
 
 
 @pytest.fixture(scope="module")
@@ -1103,15 +1107,17 @@ def _watch(
 def _through(f: _Faults, iterations: int, started: Callable[[], None] | None = None) -> FaultRun:
     """The run through its schedule to its end, the checker beside it from its submission
     on; `started`, called once the first iteration shows."""
+    changes = f.changes(f.checker.store_changed) if f.changes else contextlib.nullcontext()
     f.checker.start()
     try:
-        f.cp.wait_until(lambda: bool(f.logs.refresh().pairs), guard(900),
-                        f"the first iteration of run {f.run}", interval_s=2)  # fmt: skip
-        if started is not None:
-            started()
-        struck = _run_schedule(f, iterations)
-        f.cp.wait_until(lambda: _job_ended(f.cp, f.job), guard(1200),
-                        f"the supervisor Job {f.job} to end", interval_s=3)  # fmt: skip
+        with changes:
+            f.cp.wait_until(lambda: bool(f.logs.refresh().pairs), guard(900),
+                            f"the first iteration of run {f.run}", interval_s=2)  # fmt: skip
+            if started is not None:
+                started()
+            struck = _run_schedule(f, iterations)
+            f.cp.wait_until(lambda: _job_ended(f.cp, f.job), guard(1200),
+                            f"the supervisor Job {f.job} to end", interval_s=3)  # fmt: skip
         violations = f.checker.stop(guard(180))  # with a last round: the end state
     finally:
         f.checker.stop(guard(180), final=False)
@@ -1380,6 +1386,8 @@ def _assert_held_its_invariants(run: FaultRun) -> None:
     # Read all along: a checker that read little proved little.
     assert run.counts.get("store read", 0) >= CHECKER_ROUNDS_AT_LEAST, run.counts
     assert run.counts.get("job API answered", 0) >= CHECKER_ROUNDS_AT_LEAST, run.counts
+    # Checked at each change of `latest` the store reported, not only every few seconds.
+    assert run.counts.get("latest changes seen", 0) >= CHECKER_ROUNDS_AT_LEAST, run.counts
     assert run.violations == [], (
         "\n".join(map(str, run.violations)) + f"\n{run.schedule.describe()}\n{struck}"
     )
@@ -1409,6 +1417,7 @@ def supervised_run(
                    keep=keep, read_store=lambda: read_stored(local, str(run_dir)),
                    claim=True)  # fmt: skip
         f.run_dir = run_dir
+        f.changes = lambda on_change: claim_changes(run_dir, on_change)
         run = _through(f, SUPERVISED_ITERATIONS)
     _checkpoint_figures(figures, "supervised (claim)", run.log)
     figures["supervised: head deleted -> next iteration, s"] = run.over_s[run.hit(HEAD).index]
@@ -1611,6 +1620,7 @@ def bucket_run(
         f = _watch(cp, "bucket", BUCKET_RUN, job, schedule, figures, forward, keep=keep,
                    read_store=lambda: read_stored(s3, root), claim=False)  # fmt: skip
         f.store, f.bucket_root, f.project, f.node, f.images = store, root, project, node, images
+        f.changes = lambda on_change: bucket_changes(store, root, on_change)
         run = _through(f, BUCKET_ITERATIONS, plant)
     _checkpoint_figures(figures, "bucket", run.log)
     figures["bucket: pulumi up (new image) -> next iteration, s"] = run.over_s[
