@@ -3,6 +3,7 @@ checks it, and every way it can fail is one line naming the endpoint, at once.""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import socket
 import threading
@@ -76,6 +77,41 @@ def refused(
     message = str(info.value)
     assert "\n" not in message
     return message, time.monotonic() - started
+
+
+def test_a_tls_game_slow_to_answer_a_plaintext_preface_is_still_said_to_serve_tls(pki) -> None:
+    # As a loaded host's game does: it reads nothing for a second, then handshakes. The
+    # plaintext client's own probe times out first; that is no reason to stop asking.
+    import ssl
+
+    from training.clients.unreachable import why_unreachable
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(pki["good"].cert), str(pki["good"].key))
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            listener.settimeout(0.2)
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                time.sleep(1.0)
+                with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True):
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        said = why_unreachable(f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.3)
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    assert said == "it serves TLS and this client connects without: give it the game's CA"
 
 
 def test_a_session_over_tls_checks_the_game_against_the_ca(mock_ue: MockFactory, pki) -> None:
