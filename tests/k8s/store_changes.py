@@ -3,7 +3,7 @@ for the fault schedule's checker (fault_schedule.Checker.store_changed): a round
 checks follows each change rather than a sample every few seconds.
 
 - A claim (its volume is a directory on this machine): inotify, through watchdog, on
-  the run's directory (recursive: `checkpoints/` is made once the run starts).
+  the claim's directory (recursive: the run's directory is made once the run starts).
 - A bucket (SeaweedFS): its filer's metadata stream (`weed filer.meta.tail`), one JSON
   object a change; followed again when the store was killed and is back.
 """
@@ -27,17 +27,23 @@ def claim_changes(run_dir: Path, on_change: Callable[[], None]) -> Iterator[None
     from watchdog.events import FileSystemEvent, FileSystemEventHandler
     from watchdog.observers import Observer
 
+    pointer = f"{run_dir}/{LATEST}"
+
     class Latest(FileSystemEventHandler):
         def on_any_event(self, event: FileSystemEvent) -> None:
             paths = (str(event.src_path), str(getattr(event, "dest_path", "") or ""))
             if event.event_type in ("created", "modified", "moved", "closed") and any(
-                path.endswith(f"/{LATEST}") for path in paths
+                path == pointer for path in paths
             ):
                 on_change()
 
-    run_dir.mkdir(parents=True, exist_ok=True)  # the watch needs it; the run makes the rest
+    # The claim's root, which is there: the run's directory is the run's to make (as the
+    # pod's user; one made here would be root's, and the run could not write it).
+    root = run_dir.parent
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: the claim's directory on this machine is not there")
     observer = Observer()
-    observer.schedule(Latest(), str(run_dir), recursive=True)
+    observer.schedule(Latest(), str(root), recursive=True)
     observer.start()
     try:
         yield

@@ -1158,8 +1158,8 @@ def _run_schedule(f: _Faults, iterations: int) -> list[Struck]:
 
         f.cp.wait_until(due, guard(900), f"{fault.after} iteration(s) before fault {index} "
                         f"({fault.kind})", interval_s=1)  # fmt: skip
-        before = f.logs.refresh()
         time.sleep(fault.delay_s)  # the seed's moment within the iteration
+        before = f.logs.refresh()
         hit = _strike(f, index, fault)
         f.checker.wake()  # a round right after the fault has acted, not at the next interval
         struck.append(hit)
