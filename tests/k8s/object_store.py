@@ -48,6 +48,7 @@ class ObjectStore:
         self.started = StartedProcesses(grace_s=20)
         self.port = 0
         self.filer_port = 0  # its metadata stream: store_changes.bucket_changes
+        self.filer_grpc_port = 0
 
     @property
     def endpoint(self) -> str:
@@ -75,13 +76,17 @@ class ObjectStore:
                 }
             )
         )
-        s3, master, volume, filer = free_ports(4)
-        self.port, self.filer_port = s3, filer
+        # Each gRPC port too: by default one is its HTTP port + 10000, which may be taken
+        # or past 65535 for a free port chosen here.
+        s3, master, volume, filer, *grpc = free_ports(8)
+        self.port, self.filer_port, self.filer_grpc_port = s3, filer, grpc[2]
         args = [
             str(self.weed), "mini", f"-dir={self.workdir / 'data'}",
             f"-ip={self.address}", f"-ip.bind={self.address}",
             f"-s3.port={s3}", f"-master.port={master}", f"-volume.port={volume}",
             f"-filer.port={filer}", f"-s3.config={config}",
+            f"-master.port.grpc={grpc[0]}", f"-volume.port.grpc={grpc[1]}",
+            f"-filer.port.grpc={grpc[2]}", f"-s3.port.grpc={grpc[3]}",
             # Only S3: nothing else listens (the defaults would take fixed ports).
             "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
             "-s3.autoCreateBucket=false",

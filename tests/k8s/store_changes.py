@@ -61,10 +61,13 @@ def bucket_changes(
     stopped = threading.Event()
     current: list[subprocess.Popen[str]] = []
 
+    # SeaweedFS's address form for a server whose gRPC port is its own: host:http.grpc.
+    filer = f"{store.address}:{store.filer_port}.{store.filer_grpc_port}"
+
     def follow() -> None:
         while not stopped.is_set():
             tail = store.started.popen(
-                [str(store.weed), "filer.meta.tail", f"-filer={store.address}:{store.filer_port}",
+                [str(store.weed), "filer.meta.tail", f"-filer={filer}",
                  f"-pathPrefix=/buckets/{run_root}/checkpoints"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                 start_new_session=True,

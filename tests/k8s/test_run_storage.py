@@ -19,6 +19,7 @@ from host_speed import guard
 from object_store import ObjectStore
 from pyarrow import fs
 from run_fakes import SavingAlgo, meta
+from store_changes import bucket_changes
 
 from infra.endpoints import RunStorage
 from infra.topology import Topology
@@ -355,3 +356,31 @@ def test_a_paused_writer_stores_nothing_once_another_took_its_bucket_run(
     assert [k for k in stored_keys(store, "fenced") if k.startswith("lease/")] == [
         "lease/000000002.json"
     ]
+
+
+def test_a_store_killed_and_started_again_holds_what_it_had(store: ObjectStore) -> None:
+    # The bucket schedule's STORE fault (object_store.ObjectStore.kill_and_restart).
+    key = f"{BUCKET}/{PREFIX}/killed/kept.txt"
+    with store.filesystem().open_output_stream(key) as out:
+        out.write(b"kept")
+    store.kill_and_restart(1.0)
+    with store.filesystem().open_input_stream(key) as stream:
+        assert stream.read() == b"kept"
+
+
+def test_the_stores_own_stream_says_each_change_of_a_runs_latest(store: ObjectStore) -> None:
+    # What the fault schedule's checker follows in a bucket (store_changes.bucket_changes).
+    s3, root = store.filesystem(), f"{BUCKET}/{PREFIX}/followed"
+    seen = threading.Semaphore(0)
+    changes = 0
+    deadline = time.monotonic() + guard(60)
+    with bucket_changes(store, root, seen.release):
+        # Written until three changes are said: the stream may start after the first.
+        while changes < 3 and time.monotonic() < deadline:
+            with s3.open_output_stream(f"{root}/checkpoints/latest") as out:
+                out.write(f"checkpoint_{changes:06d}".encode())
+            with s3.open_output_stream(f"{root}/checkpoints/other.txt") as out:
+                out.write(b"not the pointer")
+            if seen.acquire(timeout=1.0):
+                changes += 1
+    assert changes == 3
