@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 import string
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ NAMESPACE = "uerl-values"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 # The games' own labelSelector a spread constraint without one is given (manifests/simulator).
+# A registry as a host name (RFC 1123 labels) or [IPv6], with an optional port.
+_LABEL = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+REGISTRY = rf"(?:{_LABEL}(?:\\.{_LABEL})*|\\[[0-9A-Fa-f:]+\\])(?::[0-9]+)?"
 GAME_SELECTOR_KEYS = ("app.kubernetes.io/instance", "app.kubernetes.io/name")
 
 # A valid affinity using every part whose shape the schema gives; the placeholder of the
@@ -449,6 +453,12 @@ def uerl_stricter(case: Case) -> str | None:
         if port.isdigit() and not 1 <= int(port) <= 65535:
             # The kubelet parses any digits, and its pull fails on each retry.
             return "images: a registry's port is from 1 to 65535"
+        first, slash, _ = value.partition("/")
+        named_registry = "." in first or ":" in first or first.lower() != first
+        if slash and named_registry and not re.fullmatch(REGISTRY, first, re.ASCII):
+            # distribution/reference then reads the registry as the repository's first
+            # path part (with no registry at all): 'reg_istry.example.com/ray' parses.
+            return "images: a registry is a host name (letters, digits and '-') or [IPv6]"
     own = ("ray.io/", "app.kubernetes.io/")
     if case.place.kind == "label key" and isinstance(value, str) and value.startswith(own):
         return "labels: uerl's and KubeRay's own keys"

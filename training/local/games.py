@@ -27,6 +27,7 @@ from typing import Any
 
 from training.local import processes
 from training.local.restart_policy import RestartPolicy
+from training.run.stop import signals_held
 
 HOST = "127.0.0.1"
 READY_PREFIX = "mock-ue listening on"
@@ -126,7 +127,8 @@ class LocalMockGames(processes.StartedGroup):
         if self.discovery_instance:
             plan.insert(0, ("ue-disc", self.base_port))
         for name, port in plan:
-            self.games.append(self._launch(name, port))
+            with signals_held():  # a Ctrl-C now stops this game too
+                self.games.append(self._launch(name, port))
         deadline = time.monotonic() + self.startup_timeout_s
         for game in self.games:
             self._wait_ready(game, deadline)
@@ -154,8 +156,9 @@ class LocalMockGames(processes.StartedGroup):
                         f"game ue-{index} needs port {port} (base port {self.base_port} + "
                         f"{index}), which another process holds"
                     )
-                game = self._launch(f"ue-{index}", port)
-                new.append(game)
+                with signals_held():
+                    game = self._launch(f"ue-{index}", port)
+                    new.append(game)
                 with self._lock:
                     self.games.append(game)
             deadline = time.monotonic() + self.startup_timeout_s
@@ -326,7 +329,8 @@ class LocalMockGames(processes.StartedGroup):
         with game.log.open("a") as fh:
             fh.write(f"--- uerl local: restart {game.policy.restarts} ---\n")
         game.log_offset = processes.log_end(game.log)
-        game.proc = self._spawn(game.port, game.log, game.stats_file)
+        with signals_held():
+            game.proc = self._spawn(game.port, game.log, game.stats_file)
         game.started_at = time.monotonic()
 
     def _wait_ready(self, game: MockGame, deadline: float) -> None:

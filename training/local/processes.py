@@ -24,12 +24,15 @@ from typing import Self
 
 import psutil
 
+from training.run.stop import release_signals, signals_held
+
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec. The signal fires when the
-    # thread that forked exits, so we only ever spawn from the main thread.
+def _child_setup() -> None:
+    # Runs in the child between fork and exec: the signals spawn held, released; and a
+    # parent-death signal, which fires when the thread that forked exits.
+    release_signals()
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
@@ -37,9 +40,11 @@ def _die_with_parent() -> None:
 def spawn(
     argv: Sequence[str], *, log_path: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` in a new session, stdout+stderr to `log_path`."""
+    """Start `argv` in a new session, stdout+stderr to `log_path`. The signals are held
+    while it forks (training.run.stop.signals_held); hold them around the call too, until
+    the child is recorded where a stop finds it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") as log, signals_held():
         return subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
@@ -47,7 +52,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_child_setup,
         )
 
 

@@ -23,6 +23,7 @@ from typing import Literal
 
 from infra.topology import JOB_STOP_GRACE_ENV, JOB_STOP_GRACE_S, Topology
 from training.local import processes
+from training.run.stop import signals_held
 
 NODE_IP = "127.0.0.2"
 # Keeps every Unix socket path (<temp>/<node>/session_<date>_<pid>/sockets/...)
@@ -368,7 +369,8 @@ class LocalRayCluster(processes.StartedGroup):
         return self.metrics_ports[spec.name]
 
     def _launch(self, spec: NodeSpec) -> None:
-        self._nodes.append(_Node(spec, *self._spawn(spec)))
+        with signals_held():  # a Ctrl-C now stops this node too
+            self._nodes.append(_Node(spec, *self._spawn(spec)))
 
     def _spawn(self, spec: NodeSpec) -> tuple[subprocess.Popen[bytes], Path, int]:
         env = {**os.environ, **NODE_ENV}
@@ -434,7 +436,8 @@ class LocalRayCluster(processes.StartedGroup):
         with node.log.open("a") as fh:
             fh.write(f"--- uerl local: {marker}; again ---\n")
         print(f"uerl local: {said}; starting it again (log: {node.log})", flush=True)
-        node.proc, node.log, node.log_offset = self._spawn(node.spec)
+        with signals_held():
+            node.proc, node.log, node.log_offset = self._spawn(node.spec)
 
     def _wait_registered(self, deadline: float) -> None:
         """Poll the GCS until every node is alive in it."""

@@ -102,6 +102,7 @@ def _serve(
                 flush=True,
             )
             with games, cluster:
+                stop.abort_if_signalled()  # a signal while they started
                 endpoints = _endpoints(topology, cluster, games, game_tls)
                 # `uerl local scale N --run-dir` reaches the session through it.
                 scaler = LocalScaler(run_dir, cluster, games, endpoints, log=_print_line)

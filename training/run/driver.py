@@ -309,7 +309,7 @@ def _loop(
     last_saved = rows[-1].iteration if rows else -1
     result.rows = rows
     league = _start_league(algo, options, game, log, rows)
-    stop.graceful = True
+    stop.begin_graceful()
     from training.rllib.algorithm import policy_names
 
     names = policy_names(algo.config)
