@@ -126,7 +126,7 @@ render: setup
 
 # The images a dev cluster runs (Ray head/workers/CPU learners; the CUDA Ray image for
 # GPU learners, `learners.image`; the mock game), tagged
-# as the topology's defaults say (infra/topology.py is the one place the tags are
+# as the topology's defaults say (infra/topology/ is the one place the tags are
 # written), from docker/*.Dockerfile. tests/k8s/images/build.py stages each build context
 # (the Ray image's holds the compiled game client's wheel, built here by cargo + maturin).
 # `images`: with a Docker engine; load them into the cluster afterwards (docs/kubernetes.md).

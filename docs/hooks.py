@@ -1,4 +1,4 @@
-"""MkDocs hook: the topology reference, generated from `infra/topology.py`.
+"""MkDocs hook: the topology reference, generated from `infra/topology/`.
 
 `infra.topology_reference.markdown_table()` is one table of every field; the page splits it
 into one section per group of fields (`ray`, `learners`, `workers`, `simulator`, ...), each

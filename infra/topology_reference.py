@@ -1,4 +1,4 @@
-"""The topology reference, generated from `infra/topology.py` so it cannot drift from it.
+"""The topology reference, generated from `infra/topology/` so it cannot drift from it.
 
 One row per field, nested models flattened to their config path (`ray.head.cpus`; a
 list of models as `learners.tolerations[].key`): the type as written in the code, the
@@ -76,7 +76,7 @@ def _field_sources(model: type[BaseModel]) -> dict[str, tuple[str, str]]:
     return found
 
 
-# Aliases of `infra/topology.py`, as a reader of the reference wants them spelled.
+# Aliases of `infra/topology/`, as a reader of the reference wants them spelled.
 ALIASES = {
     "Text": "str",
     "Quantity": "quantity",
@@ -85,6 +85,7 @@ ALIASES = {
     "AccountName": "str",
     "PriorityClassName": "str",
     "ClaimName": "str",
+    "NamespaceName": "str",
     "StorageClassName": "str",
     "NodeSelector": "dict[str, str]",
     "Image": "image",

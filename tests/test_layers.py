@@ -60,13 +60,28 @@ def test_infra_importing_training_fails(tmp_path: Path) -> None:
             ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", ".venv")
         )
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    topology = tmp_path / "infra" / "topology.py"
+    topology = tmp_path / "infra" / "topology" / "model.py"
     topology.write_text(topology.read_text() + "\nimport training.protocol.errors  # noqa\n")
 
     result = _lint_imports(tmp_path)
 
     assert result.returncode == 1
-    assert "infra.topology -> training.protocol.errors" in result.stdout
+    assert "infra.topology.model -> training.protocol.errors" in result.stdout
+
+
+def test_training_importing_the_spec_fails(tmp_path: Path) -> None:
+    for part in ("training", "infra"):
+        shutil.copytree(
+            ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__", ".venv")
+        )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    driver = tmp_path / "training" / "run" / "driver.py"
+    driver.write_text(driver.read_text() + "\nfrom infra.topology import GCS_PORT  # noqa\n")
+
+    result = _lint_imports(tmp_path)
+
+    assert result.returncode == 1
+    assert "training.run.driver -> infra.topology" in result.stdout
 
 
 def test_the_docs_draw_the_contracts_layers() -> None:

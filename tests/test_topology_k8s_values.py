@@ -638,13 +638,21 @@ def _model_paths(model: Any, prefix: str = "") -> list[str]:
 
 @pytest.mark.parametrize("path", sorted(set(_model_paths(Topology))))
 def test_a_group_given_a_string_is_told_it_wants_a_map_without_a_class_name(path: str) -> None:
+    import importlib
+    import pkgutil
+
     from pydantic import BaseModel
 
     import infra.topology
 
+    modules = [
+        importlib.import_module(f"infra.topology.{info.name}")
+        for info in pkgutil.iter_modules(infra.topology.__path__)
+    ]
     classes = [
         name
-        for name, value in vars(infra.topology).items()
+        for module in modules
+        for name, value in vars(module).items()
         if isinstance(value, type) and issubclass(value, BaseModel)
     ]
     data = merged({"pattern": "networked"}, nested(path, "oops"))

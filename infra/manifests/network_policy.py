@@ -26,16 +26,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from infra.contract import CLIENT_PORT, DASHBOARD_PORT, GCS_PORT, SUPERVISOR_APP
 from infra.manifests import raycluster, simulator
 from infra.manifests.common import K8sObject, metadata
-from infra.topology import (
-    CLIENT_PORT,
-    DASHBOARD_PORT,
-    GCS_PORT,
-    SUPERVISOR_APP,
-    Topology,
-    store_address,
-)
+from infra.s3_rules import store_address
+from infra.topology import Topology
 
 COMPONENT = "network-policy"
 DNS_PORT = 53

@@ -15,19 +15,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra.endpoints import HEAD_MOUNT_DIR
-from infra.manifests import game_tls, placement, pod_security, runs_storage, simulator, volume
-from infra.manifests.common import K8sObject, await_annotations, metadata, sized_resources
-from infra.manifests.endpoints_configmap import configmap_name
-from infra.topology import (
+from infra.contract import (
     CLIENT_PORT,
     DASHBOARD_PORT,
     GCS_PORT,
     JOB_STOP_GRACE_ENV,
     JOB_STOP_GRACE_S,
-    RayGroupSpec,
-    Topology,
 )
+from infra.endpoints import HEAD_MOUNT_DIR
+from infra.manifests import game_tls, placement, pod_security, runs_storage, simulator, volume
+from infra.manifests.common import K8sObject, await_annotations, metadata, sized_resources
+from infra.manifests.endpoints_configmap import configmap_name
+from infra.topology import RayGroupSpec, Topology
 
 APP_NAME = "ray"
 LEARNER_GROUP = "learners"

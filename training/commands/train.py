@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from infra.contract import JOB_STOP_GRACE_S
 from infra.endpoints import Endpoints, EndpointsError
-from infra.topology import JOB_STOP_GRACE_S
 from training.commands.training_options import (
     add_training_args,
     check_flags,

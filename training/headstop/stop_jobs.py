@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from infra.topology import DASHBOARD_PORT, JOB_STOP_GRACE_S
+from infra.contract import DASHBOARD_PORT, JOB_STOP_GRACE_S
 from training.runstore.events import HEAD_STOPPING_MARKER
 
 RUNNING = ("PENDING", "RUNNING")

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from infra.topology import JOB_STOP_GRACE_ENV, JOB_STOP_GRACE_S, Topology
+from infra.contract import JOB_STOP_GRACE_ENV, JOB_STOP_GRACE_S
+from infra.topology import Topology
 from training.local import processes
 from training.run.stop import signals_held
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from infra.contract import GCS_PORT
 from infra.endpoints import Endpoints
-from infra.topology import GCS_PORT
 from training.probe.on_worker_node import WorkerNodeTaskError, run_on_worker_node
 from training.tls.config import TLSConfig, for_games
 

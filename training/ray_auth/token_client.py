@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from infra.topology import RAY_AUTH_TOKEN_ENV, RAY_AUTH_TOKEN_KEY
+from infra.contract import RAY_AUTH_TOKEN_ENV, RAY_AUTH_TOKEN_KEY
 
 __all__ = [
     "RAY_AUTH_TOKEN_ENV",

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra.topology import JOB_STOP_GRACE_S
+from infra.contract import JOB_STOP_GRACE_S
 from training.runstore import attempts, events
 from training.runstore.atomic import PARTIAL_PREFIX
 from training.runstore.bucket import S3Location, explain

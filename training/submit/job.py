@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import Any, TextIO
 
-from infra.topology import JOB_STOP_GRACE_S
+from infra.contract import JOB_STOP_GRACE_S
 from training.ray_auth import token_client
 from training.rayjobs import job_watch
 from training.rayjobs.job_client import JobClient, failure_message

@@ -18,10 +18,10 @@ import hashlib
 import re
 from typing import Any
 
+from infra.contract import SUPERVISOR_APP
 from infra.endpoints import Endpoints
 from infra.manifests import pod_security
 from infra.manifests.pod_security import RAY_GID, RAY_UID
-from infra.topology import SUPERVISOR_APP
 from training.ray_auth.token_client import RAY_AUTH_TOKEN_FILE_ENV, RAY_AUTH_TOKEN_KEY
 from training.runstore.attempts import SUPERVISION_VARIABLE
 

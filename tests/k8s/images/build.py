@@ -5,7 +5,7 @@
     python tests/k8s/images/build.py --engine docker [--dry-run]   # a machine with Docker
 
 Images: ray (CPU: torch's CUDA libraries stubbed, cuda_stubs.py), ray-cuda (PyPI's CUDA
-torch, for GPU learners; built only when named), mock-ue (tagged as infra/topology.py
+torch, for GPU learners; built only when named), mock-ue (tagged as infra/topology/
 says), unreal-game (docker/unreal-game.Dockerfile around fake_build.py's fake packaged
 build, on the mock-ue image: the tier runs it as a game pod) and kuberay-operator (the
 chart's repository, tagged with the binary's own version: a stack sets
@@ -565,7 +565,7 @@ FAKE_GAME_REF = "uerl/fake-unreal-game:0.1.0"
 
 
 def cuda_ref() -> str:
-    """The CUDA Ray image's tag, from infra/topology.py."""
+    """The CUDA Ray image's tag, from infra/topology/."""
     sys.path.insert(0, str(ROOT))
     from infra.topology import RaySpec
 
@@ -573,7 +573,7 @@ def cuda_ref() -> str:
 
 
 def topology_refs() -> tuple[str, str]:
-    """The Ray and mock game tags, from infra/topology.py (the one place they are written)."""
+    """The Ray and mock game tags, from infra/topology/ (the one place they are written)."""
     sys.path.insert(0, str(ROOT))
     from infra.topology import SIMULATOR_DEFAULTS, Topology
 
