@@ -114,5 +114,10 @@ def test_a_refused_kubeconfig_is_an_input_error_at_that_input() -> None:
     import runpy
 
     host = runpy.run_path(str(PACKAGE / "__main__.py"), run_name="uerl_package")
-    (error,) = host["input_errors"]("kubeconfig: no such file /nowhere/kubeconfig")
+    provider = host["UerlProvider"]([TrainingCluster], "uerl", None, "0.0.0")
+    bad = {"topology": {}, "kubeconfig": "/nowhere/kubeconfig"}
+    with pytest.raises(pulumi.InputPropertiesError) as refused:
+        provider.construct("rl", TYPE, bad, None)
+    assert refused.value.message == "kubeconfig: no such file /nowhere/kubeconfig"
+    (error,) = refused.value.errors or []
     assert error == {"property_path": "kubeconfig", "reason": "no such file /nowhere/kubeconfig"}

@@ -37,6 +37,24 @@ TYPE = "uerl:index:TrainingCluster"
 WAS_TOP_LEVEL = [pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)]
 
 
+class InputRefused(pulumi.RunError):
+    """An input the component refuses. A RunError: Pulumi prints the message alone,
+    without a traceback; `problems`, each (input path, reason), are what the component
+    package gives Pulumi as input errors (infra/package/__main__.py)."""
+
+    def __init__(self, message: str, problems: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+    @classmethod
+    def at(cls, path: str, reason: str) -> "InputRefused":
+        return cls(f"{path}: {reason}", [(path, reason)])
+
+    @classmethod
+    def of(cls, exc: TopologyError) -> "InputRefused":
+        return cls(str(exc), list(exc.problems))
+
+
 def _unknown_at(value: Any, path: str) -> str | None:
     """The first place in `value` holding an Output (another resource's, unknown at
     preview): uerl decides from the topology what to create, so it must be plain."""
@@ -59,15 +77,15 @@ def parse_topology(raw: Mapping[str, Any] | None, root: str = "topology") -> Top
     """The topology from its plain form; a bad one stops the program with one line."""
     unknown = _unknown_at(raw, root)
     if unknown is not None:
-        raise pulumi.RunError(
-            f"{unknown}: an output of another resource; the topology decides what uerl "
-            "creates, so its values must be plain (known before anything is created)"
+        raise InputRefused.at(
+            unknown,
+            "an output of another resource; the topology decides what uerl creates, so its "
+            "values must be plain (known before anything is created)",
         )
     try:
         return Topology.parse(raw, root=root)
     except TopologyError as exc:
-        # RunError: Pulumi prints the message alone, without a traceback.
-        raise pulumi.RunError(str(exc)) from None
+        raise InputRefused.of(exc) from None
 
 
 def needs_cluster_access(topology: Topology) -> list[str]:
@@ -93,20 +111,21 @@ def check_kubeconfig(value: str) -> None:
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1})" if mark is not None else ""
-            raise pulumi.RunError(f"kubeconfig: not YAML{where}") from None
+            raise InputRefused.at("kubeconfig", f"not YAML{where}") from None
         if not isinstance(parsed, dict):
-            raise pulumi.RunError(
-                "kubeconfig: not a kubeconfig (a YAML map of clusters, users and contexts)"
+            raise InputRefused.at(
+                "kubeconfig", "not a kubeconfig (a YAML map of clusters, users and contexts)"
             )
         return
     path = Path(value).expanduser()
     if not path.is_absolute():
-        raise pulumi.RunError(
-            f"kubeconfig: {value!r} is a relative path; give an absolute one (uerl's "
-            "package runs in a directory of its own) or the file's text"
+        raise InputRefused.at(
+            "kubeconfig",
+            f"{value!r} is a relative path; give an absolute one (uerl's package runs in a "
+            "directory of its own) or the file's text",
         )
     if not path.is_file():
-        raise pulumi.RunError(f"kubeconfig: no such file {value}")
+        raise InputRefused.at("kubeconfig", f"no such file {value}")
 
 
 class TrainingClusterArgs(TypedDict):
@@ -157,7 +176,7 @@ class TrainingCluster(pulumi.ComponentResource):
         try:
             objects = manifests.build(topology, project_root)
         except TopologyError as exc:
-            raise pulumi.RunError(str(exc)) from None
+            raise InputRefused.of(exc) from None
         self._access = self._cluster_access(args, topology)
         if objects.pod_monitor is not None and self._access is not None:
             require_pod_monitor_crd(self._access)
@@ -191,12 +210,13 @@ class TrainingCluster(pulumi.ComponentResource):
             return ClusterAccess.from_config()
         needing = needs_cluster_access(topology)
         if needing:
-            raise pulumi.RunError(
-                "kubeconfig: this TrainingCluster has a Kubernetes provider of its own, and "
+            raise InputRefused.at(
+                "kubeconfig",
+                f"this TrainingCluster has a Kubernetes provider of its own, and "
                 f"{' and '.join(needing)} make uerl reach the cluster itself; give the "
                 "component that provider's kubeconfig too (`kubeconfig`, and `context` if "
                 "the provider sets one), or it would act on whatever cluster $KUBECONFIG "
-                "names"
+                "names",
             )
         return None
 

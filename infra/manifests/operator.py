@@ -42,7 +42,7 @@ class ChartRelease:
 
 
 def _error(path: str, message: str) -> TopologyError:
-    return TopologyError(f"invalid topology (1 error):\n  topology.operator.{path}: {message}")
+    return TopologyError([(f"topology.operator.{path}", message)])
 
 
 def local_chart_version(path: Path) -> str:

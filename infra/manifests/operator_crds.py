@@ -49,7 +49,7 @@ def cache_dir() -> Path:
 
 
 def _error(path: str, message: str) -> TopologyError:
-    return TopologyError(f"invalid topology (1 error):\n  topology.operator.{path}: {message}")
+    return TopologyError([(f"topology.operator.{path}", message)])
 
 
 def _crds_from_dir(chart: Path) -> list[tuple[str, bytes]]:

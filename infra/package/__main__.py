@@ -3,7 +3,6 @@ when a program made with `pulumi package add <this directory>` creates a
 `uerl:index:TrainingCluster`. The schema, and each language's SDK, come from the
 component's typed arguments (infra/components/training_cluster.py)."""
 
-import re
 import sys
 from typing import Any
 
@@ -13,20 +12,12 @@ from pulumi.provider import main
 from pulumi.provider.experimental.component import ComponentProvider
 from pulumi.provider.server import ComponentInitError
 
-from infra.components.training_cluster import TrainingCluster
-
-# A refusal's lines: `  topology.workers.replicas: Input should be ...`, or one naming
-# another input (`kubeconfig: ...`).
-FIELD_LINE = re.compile(r"^\s*((?:topology|kubeconfig|context)\b\S*): (.+)$")
+from infra.components.training_cluster import InputRefused, TrainingCluster
 
 
-def input_errors(message: str) -> list[InputPropertyErrorDetails]:
-    """Each refused field of a topology refusal as an input property error."""
-    found = [FIELD_LINE.match(line) for line in message.splitlines()]
-    errors: list[InputPropertyErrorDetails] = [
-        {"property_path": m.group(1), "reason": m.group(2)} for m in found if m
-    ]
-    return errors or [{"property_path": "topology", "reason": message}]
+def input_errors(refused: InputRefused) -> list[InputPropertyErrorDetails]:
+    """Each refused input (a topology field, `kubeconfig`) as an input property error."""
+    return [{"property_path": path, "reason": reason} for path, reason in refused.problems]
 
 
 class UerlProvider(ComponentProvider):
@@ -40,9 +31,14 @@ class UerlProvider(ComponentProvider):
         try:
             return super().construct(name, resource_type, inputs, options)
         except ComponentInitError as exc:
-            if isinstance(exc.inner, pulumi.RunError):
-                message = str(exc.inner)
-                raise pulumi.InputPropertiesError(message, input_errors(message)) from None
+            inner = exc.inner
+            if isinstance(inner, InputRefused):
+                raise pulumi.InputPropertiesError(str(inner), input_errors(inner)) from None
+            if isinstance(inner, pulumi.RunError):  # another refusal: the whole topology's
+                errors: list[InputPropertyErrorDetails] = [
+                    {"property_path": "topology", "reason": str(inner)}
+                ]
+                raise pulumi.InputPropertiesError(str(inner), errors) from None
             raise
 
 

@@ -20,7 +20,7 @@ from infra.topology.pods import ServiceAccountSpec
 from infra.topology.ray_spec import LearnerSpec, RaySpec, WorkerSpec
 from infra.topology.runs_spec import RunsSpec
 from infra.topology.simulator_spec import ExecutablesSpec, SimulatorSpec
-from infra.topology.validation_errors import FieldError, TopologyError, format_validation_error
+from infra.topology.validation_errors import FieldError, TopologyError, validation_problems
 from infra.topology.value_types import ImagePullPolicy, NamespaceName, Spec, Text
 
 # The topology's name names the RayCluster, its Services (`<name>-head-svc`, `<name>-ue`:
@@ -182,4 +182,4 @@ class Topology(DerivedNames, Spec):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise TopologyError(format_validation_error(exc, root, cls)) from None
+            raise TopologyError(validation_problems(exc, root, cls)) from None

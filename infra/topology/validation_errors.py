@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -11,16 +12,25 @@ from infra.k8s_rules import Invalid, described, did_you_mean
 
 
 class TopologyError(ValueError):
-    """Invalid topology; the message names every config path at fault."""
+    """Invalid topology: `problems`, each (config path, what is wrong), which its text
+    lists one a line (the component package gives them to Pulumi as they are)."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]]) -> None:
+        self.problems = tuple(problems)
+        lines = [f"{path}: {message}" for path, message in self.problems]
+        noun = "error" if len(lines) == 1 else "errors"
+        super().__init__(f"invalid topology ({len(lines)} {noun}):\n  " + "\n  ".join(lines))
 
 
 class FieldError(Invalid):
     """A check across fields, reported at the field it is about (`path` below the model)."""
 
 
-def format_validation_error(exc: ValidationError, root: str, model: type[BaseModel]) -> str:
-    """`exc`, raised validating `model` read from config key `root`, as TopologyError's text."""
-    lines = []
+def validation_problems(
+    exc: ValidationError, root: str, model: type[BaseModel]
+) -> list[tuple[str, str]]:
+    """`exc`, raised validating `model` read from config key `root`: (path, message) each."""
+    problems = []
     for err in exc.errors():
         loc = list(err["loc"])
         cause = (err.get("ctx") or {}).get("error")
@@ -35,9 +45,8 @@ def format_validation_error(exc: ValidationError, root: str, model: type[BaseMod
         elif err["type"] in ("model_type", "model_attributes_type"):
             # pydantic names the model's class, which is no name of the user's.
             msg = f"expected a map of its fields, got {described(err.get('input'))}"
-        lines.append(f"{path}: {msg.removeprefix('Value error, ')}")
-    noun = "error" if len(lines) == 1 else "errors"
-    return f"invalid topology ({len(lines)} {noun}):\n  " + "\n  ".join(lines)
+        problems.append((path, msg.removeprefix("Value error, ")))
+    return problems
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
