@@ -14,6 +14,7 @@ import pytest
 
 from training.run import checkpoints, metrics
 from training.run.driver import CSV_NAME, TrainOptions, _loop
+from training.run.iteration_sinks import Iteration
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
 
@@ -144,3 +145,44 @@ def test_each_checkpoint_says_its_size_and_how_long_it_took(tmp_path: Path) -> N
     assert [line.split()[0] for line in written] == ["checkpoint_000002", "checkpoint_000004"]
     shape = r"\S+ written: \d+\.\d MiB in [\d.]+ s \(RLlib's state [\d.]+ s, storing [\d.]+ s\)"
     assert all(re.fullmatch(shape, line) for line in written), written
+
+
+class RecordingSink:
+    """An IterationSink that writes down what it is told, in order."""
+
+    def __init__(self) -> None:
+        self.heard: list[Any] = []
+
+    def iteration(self, done: Iteration) -> None:
+        self.heard.append(("iteration", done.row.iteration, done.rescales))
+
+    def checkpoint_written(self) -> None:
+        self.heard.append("checkpoint")
+
+    def stored_through(self, iteration: float) -> None:
+        self.heard.append(("stored", iteration))
+
+    def close(self) -> None:
+        self.heard.append("closed")
+
+
+def test_each_sink_hears_every_iteration_then_its_checkpoint_then_its_store_then_the_end(
+    tmp_path: Path,
+) -> None:
+    sink = RecordingSink()
+    _loop(
+        FakeAlgorithm(),
+        options(tmp_path, iterations=3, checkpoint_every=2),
+        StopRequest(),
+        lambda line: None,
+        RunnerHealthBoard(2, give_up_after_s=300),
+        store=lambda: 1.0,
+        sinks=[sink],
+    )
+    assert sink.heard == [
+        ("iteration", 1, 0), ("stored", 1.0),
+        ("iteration", 2, 0), "checkpoint", ("stored", 1.0),
+        ("iteration", 3, 0), ("stored", 1.0),
+        "checkpoint",  # the final checkpoint, iteration 3
+        "closed",
+    ]  # fmt: skip

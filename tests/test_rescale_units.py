@@ -251,6 +251,7 @@ class FakeRescaler:
     def __init__(self, counts: list[int]) -> None:
         self.counts = counts
         self.runners = counts[0]
+        self.rescales = 0  # the rescales followed (Rescaler's), for the metrics sink
 
     def between_iterations(self) -> None:
         self.runners = self.counts.pop(0) if len(self.counts) > 1 else self.counts[0]

@@ -11,8 +11,8 @@ import math
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,13 @@ from training.rescale.rescaler import Rescaler
 from training.rllib.console import RayConsole
 from training.run import checkpoints, metrics
 from training.run.connect import connect
+from training.run.iteration_sinks import Iteration, IterationSink, MetricsSink, TensorBoardSink
 from training.run.league import LeagueDriver
 from training.run.options import TrainOptions, run_env_runner, run_policies
 from training.run.runner_health import RunnerHealthBoard
 from training.run.stop import StopRequest
-from training.run.tensorboard import TensorBoardWriter
 from training.runstore import events
-from training.telemetry.ray_metrics import DriverMetrics, IterationFigures, losses
+from training.telemetry.ray_metrics import DriverMetrics
 
 CSV_NAME = "metrics.csv"
 PNG_NAME = "learning_curve.png"
@@ -181,10 +181,13 @@ def _run_training(
             endpoints.num_env_runners, give_up_after_s=options.game_down_limit_s
         )
         published = _driver_metrics(endpoints, options)
+        from training.rllib.algorithm import policy_names
+
         try:
             result = _loop(
                 algo, options, stop, log, board, game,
-                _rescaler(algo, endpoints, game, options, log), store, published, fence,
+                _rescaler(algo, endpoints, game, options, log), store,
+                [MetricsSink(published, policy_names(algo.config))], fence,
             )  # fmt: skip
         finally:
             published.close()
@@ -301,9 +304,11 @@ def _loop(
     game: GameSpec | None = None,
     rescaler: Rescaler | None = None,
     store: Callable[[], float | None] = _in_place,
-    published: DriverMetrics | None = None,
+    sinks: Sequence[IterationSink] = (),
     fence: Callable[[], None] = _unfenced,
 ) -> TrainResult:
+    """Train until done or stopped: each iteration's row logged, fenced and written to
+    `metrics.csv` and TensorBoard, then told to `sinks`; checkpoints as options say."""
     result = TrainResult()
     rows, previous = _resume(algo, options, log)
     last_saved = rows[-1].iteration if rows else -1
@@ -312,12 +317,12 @@ def _loop(
     stop.begin_graceful()
     from training.rllib.algorithm import policy_names
 
-    names = policy_names(algo.config)
-    tensorboard = TensorBoardWriter(
+    tensorboard = TensorBoardSink(
         options.run_dir,
-        names,
+        policy_names(algo.config),
         resumed_at=previous if options.resume is not None else None,
     )
+    every = [tensorboard, *sinks]
     pause = _Pause(options.game_down_limit_s, log)
     try:
         while not _done(options, rows) and not stop.requested:
@@ -333,35 +338,39 @@ def _loop(
             fence()  # the run still this writer's: nothing is written otherwise
             # Each iteration's row is stored as it is made: a lost head keeps them all.
             metrics.write_csv(options.run_dir / CSV_NAME, rows)
-            tensorboard.write(row, train_result, board.fresh_reports())
-            if published is not None:
-                published.iteration(
-                    _figures(row),
-                    losses=losses(train_result.get("learners") or {}, names),
-                    rescales=rescaler.rescales if rescaler is not None else 0,
-                )
+            done = Iteration(
+                row,
+                train_result,
+                board.fresh_reports(),
+                rescales=rescaler.rescales if rescaler is not None else 0,
+            )
+            for sink in every:
+                sink.iteration(done)
             if row.iteration % options.checkpoint_every == 0:
                 timings: dict[str, float] = {}
                 result.checkpoint = _save(algo, options, row, game, league, timings, fence)
                 last_saved = row.iteration
                 for line in _saved_lines(result.checkpoint, timings):
                     log(line)
-                if published is not None:
-                    published.checkpoint_written()
+                for sink in every:
+                    sink.checkpoint_written()
             stored_through = store()
-            if published is not None and stored_through is not None:
-                published.stored_through(stored_through)
+            if stored_through is not None:
+                for sink in every:
+                    sink.stored_through(stored_through)
         result.interrupted = stop.requested and stop.failure is None
         result.failure = stop.failure
         newest = result.checkpoint
         result.checkpoint = _final_checkpoint(
             algo, options, rows, last_saved, result.checkpoint, game, league, fence
         )
-        if published is not None and result.checkpoint != newest:
-            published.checkpoint_written()
+        if result.checkpoint != newest:
+            for sink in every:
+                sink.checkpoint_written()
     finally:
         stop.graceful = False
-        tensorboard.close()
+        for sink in every:
+            sink.close()
     if result.checkpoint is not None:
         log(f"checkpoint: {result.checkpoint}")
     return result
@@ -376,11 +385,6 @@ def _driver_metrics(endpoints: Endpoints, options: TrainOptions) -> DriverMetric
         run=options.run_dir.name,
         attempt=started[0] if started is not None else 1,
     )
-
-
-def _figures(row: metrics.IterationRow) -> IterationFigures:
-    """The row's figures the driver publishes (IterationFigures names a subset of its)."""
-    return IterationFigures(**{f.name: getattr(row, f.name) for f in fields(IterationFigures)})
 
 
 def _resume(algo: Any, options: TrainOptions, log: Log) -> tuple[list[metrics.IterationRow], int]:
