@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from training.commands import bench
+from training.bench import stepping
 
 RATE = re.compile(r"([\d,]+) env-steps/s")
 STEPS = re.compile(r"([\d,]+) env-steps/s")
@@ -15,14 +15,14 @@ RATIO = re.compile(r"\((\d+\.\d\d)x in-process\)")
 
 def test_a_rate_is_env_steps_over_the_elapsed_time(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(stepping.time, "perf_counter", lambda: clock[0])
 
     def step(k: int) -> None:
         clock[0] += 0.25  # each vector step takes a quarter of a second
 
-    tally = bench._Tally()
+    tally = stepping._Tally()
     # Two passes over 2 actions reach the 1 s slice: 4 vector steps of 3 envs in 1 s.
-    assert bench._timed(step, 2, 1.0, 3, tally) == 12.0
+    assert stepping._timed(step, 2, 1.0, 3, tally) == 12.0
     assert tally.calls == 4
 
 
@@ -30,7 +30,7 @@ def test_bench_prints_each_client_rate_as_its_fraction_of_in_process(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["--envs", "2", "--seconds", "0.6", "--rounds", "2", "--e2e-iterations", "0"]
-    assert bench.main(argv) == 0
+    assert stepping.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[2] for line in lines] == ["sync", "python", "native"]
     rates = [float(m.group(1).replace(",", "")) for line in lines if (m := RATE.search(line))]
@@ -46,7 +46,7 @@ def test_bench_prints_each_client_rate_as_its_fraction_of_in_process(
 
 
 def test_every_path_reports_its_cpu_per_step_for_a_continuous_action_env() -> None:
-    result = bench.run("Pendulum-v1", num_envs=2, seconds=0.4, rounds=1)
+    result = stepping.run("Pendulum-v1", num_envs=2, seconds=0.4, rounds=1)
     assert list(result.paths) == ["in_process", "python", "native"]
     assert all(result.ratio(name) > 0 for name in ("python", "native")), result
     # The client's CPU per step is measured (the game's is in clock ticks: may read 0 here).
@@ -62,7 +62,7 @@ def test_end_to_end_ppo_reports_each_path_against_rllibs_single_agent_ppo(
     argv = ["--envs", "2", "--seconds", "0.2", "--rounds", "1"]
     # A small batch: this checks what the bench reports, not the figures (`make bench`).
     e2e = ["--e2e-envs", "2", "--e2e-iterations", "1", "--e2e-batch-size", "256"]
-    assert bench.main([*argv, *e2e]) == 0
+    assert stepping.main([*argv, *e2e]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PPO")]
     labels = [line.removeprefix("PPO").split(" x")[0].strip() for line in lines]
     assert labels == [
@@ -79,14 +79,14 @@ def test_end_to_end_ppo_reports_each_path_against_rllibs_single_agent_ppo(
 def test_bench_runner_prints_each_runner_against_rllibs_in_process_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from training.commands import bench_runner
+    from training.bench import runner_step
 
-    assert bench_runner.main(["--steps", "200", "--rounds", "1"]) == 0
+    assert runner_step.main(["--steps", "200", "--rounds", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"mock game: \d+ us of CPU per step of 1 environment\(s\)", out[0]), out
     runners = [line for line in out if line.startswith("runner")]
     assert [line.split(" x1:")[0].removeprefix("runner").strip() for line in runners] == list(
-        bench_runner.LABELS.values()
+        runner_step.LABELS.values()
     ), runners
     # Every path but the in-process one says how much longer its step takes.
     assert all(re.search(r"us/step  \(\d+\.\d\dx the time\)$", line) for line in runners[1:])
@@ -99,7 +99,7 @@ def test_the_sampling_clock_times_each_of_ppos_sampling_calls_and_puts_it_back(
 
     from ray.rllib.algorithms.ppo import ppo
 
-    from training.commands.bench_e2e import SamplingClock
+    from training.bench.end_to_end import SamplingClock
 
     def slow_sample(*_args: object, **_kwargs: object) -> str:
         time.sleep(0.05)
@@ -114,9 +114,9 @@ def test_the_sampling_clock_times_each_of_ppos_sampling_calls_and_puts_it_back(
 
 def test_the_metrics_cost_runs_the_first_path_again_publishing_and_then_not() -> None:
     # A/A beside A/B: the gap between two identical paths says what gap is noise.
-    from training.commands import bench_e2e
+    from training.bench import end_to_end
 
-    paths = bench_e2e._uerl_paths(["python", "native"], metrics_cost=True)
+    paths = end_to_end._uerl_paths(["python", "native"], metrics_cost=True)
     assert list(paths) == [
         "python",
         "native",
@@ -125,4 +125,4 @@ def test_the_metrics_cost_runs_the_first_path_again_publishing_and_then_not() ->
         "metrics_off",
     ]
     assert paths["metrics_on_again"] == paths["metrics_off"] == paths["python"]
-    assert set(bench.E2E_LABELS) >= {"rllib", "multi_agent", "rllib_trip", *paths}
+    assert set(stepping.E2E_LABELS) >= {"rllib", "multi_agent", "rllib_trip", *paths}

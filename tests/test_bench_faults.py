@@ -15,7 +15,7 @@ import psutil
 import pytest
 from host_speed import guard
 
-from training.commands.bench_faults import Fault, _inject, _report, follow
+from training.bench.game_faults import Fault, _inject, _report, follow
 
 
 @pytest.fixture

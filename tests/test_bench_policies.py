@@ -3,7 +3,7 @@ themselves are `make bench-policies`; tests/test_ctde_e2e.py runs ctde alone).""
 
 from __future__ import annotations
 
-from training.commands.bench_policies import summarise, table
+from training.bench.policy_runs import summarise, table
 from training.run.metrics import IterationRow
 
 

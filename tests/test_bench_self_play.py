@@ -3,7 +3,7 @@ runs themselves are `make bench-self-play`; tests/test_self_play_e2e.py runs one
 
 from __future__ import annotations
 
-from training.commands.bench_self_play import table
+from training.bench.self_play_range import table
 
 
 def results(wins: int, draws: int, losses: int, len_mean: float = 60.0) -> dict[str, float]:

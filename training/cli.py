@@ -20,18 +20,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("training.commands.train", "train PPO against a deployed topology's endpoints"),
     "discover": ("training.commands.discover", "print a game's agents and spaces"),
     "mock-ue": ("training.commands.mock_ue", "serve Schola's GymService for gymnasium envs"),
-    "bench": ("training.commands.bench", "benchmark gRPC stepping against in-process stepping"),
+    "bench": ("training.bench.stepping", "benchmark gRPC stepping against in-process stepping"),
     "bench-runner": (
-        "training.commands.bench_runner",
+        "training.bench.runner_step",
         "one env runner's time per step: in-process, behind a round trip, on a game",
     ),
-    "bench-faults": ("training.commands.bench_faults", "measure what a game fault costs training"),
+    "bench-faults": ("training.bench.game_faults", "measure what a game fault costs training"),
     "bench-policies": (
-        "training.commands.bench_policies",
+        "training.bench.policy_runs",
         "compare policy configurations at the same step budget",
     ),
     "bench-self-play": (
-        "training.commands.bench_self_play",
+        "training.bench.self_play_range",
         "self-play on Sumo over seeds: wins, draws, losses against random and snapshot 0",
     ),
     "submit": (

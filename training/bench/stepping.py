@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from training.bench.measure import process_cpu_s
 from training.commands.arg_types import non_negative_int, positive_float, positive_int
-from training.commands.bench_common import process_cpu_s
 from training.local.games import start_mock_at
 
 
@@ -275,10 +275,10 @@ def main(argv: list[str]) -> int:
     result = run(args.env, args.envs, args.seconds, args.rounds)
     e2e = []
     if args.e2e_iterations > 0:
-        from training.commands import bench_e2e
+        from training.bench import end_to_end
 
         for envs in args.e2e_envs:
-            e2e += bench_e2e.run(
+            e2e += end_to_end.run(
                 args.env,
                 envs,
                 args.e2e_iterations,
@@ -312,7 +312,7 @@ def main(argv: list[str]) -> int:
 def _print_e2e(figures: list[Any]) -> None:
     """PPO per path: whole-iteration env-steps/s (what the progress line shows) and
     sampling env-steps/s, each as a fraction of RLlib's single-agent PPO in-process."""
-    from training.commands.bench_e2e import BASELINE
+    from training.bench.end_to_end import BASELINE
 
     baseline = {f.envs_per_game: f for f in figures if f.path == BASELINE}
 

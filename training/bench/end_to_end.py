@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 from ray.rllib.env.multi_agent_env import MultiAgentEnv
 
-from training.commands.bench_common import game_cpu_s, single_agent_config
+from training.bench.measure import game_cpu_s, single_agent_config
 
 if TYPE_CHECKING:
     from training.local.ray_cluster import NodeSpec
@@ -188,8 +188,8 @@ def run(
     import ray
     from ray.tune.registry import register_env
 
+    from training.bench.round_trip import round_trip_env
     from training.clients import native
-    from training.commands.round_trip import round_trip_env
     from training.local.ray_cluster import NODE_IP, LocalRayCluster
 
     server = "native" if native.available() else "grpcio"

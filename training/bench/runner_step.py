@@ -23,9 +23,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.bench.measure import game_cpu_s, single_agent_config
+from training.bench.round_trip import RoundTrip
 from training.commands.arg_types import positive_int
-from training.commands.bench_common import game_cpu_s, single_agent_config
-from training.commands.round_trip import RoundTrip
 
 LABELS = {
     "rllib": "RLlib single-agent runner, env in-process",
