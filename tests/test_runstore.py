@@ -783,3 +783,55 @@ def test_a_key_pruned_while_it_is_restored_is_an_outage_to_retry_not_bad_input(
     with pytest.raises(RunStorageUnavailable, match="checkpoint_000004 was deleted while"):
         restore(LOCATION, RUN, tmp_path / "again", print)
     assert not (tmp_path / "again" / "checkpoints" / "latest").exists()
+
+
+def test_a_store_back_from_an_outage_keeps_the_newest_checkpoints_until_newer_replace_them(
+    tmp_path: Path, bucket: FakeBucket, quick_retries: None
+) -> None:
+    # CI, stop 69 (the bucket schedule, seed 260689278): the store killed and back, the
+    # mirror's first round deleted what retention had removed meanwhile before it stored
+    # the checkpoints saved in the outage; the bucket's `latest` (2) had lost the one
+    # before it, though both were among the newest 2.
+    keep = 2
+    mirror = Mirror(LOCATION, RUN, tmp_path, log=print, keep_checkpoints=keep)
+    stored = StoredRun(tmp_path, "s3://b/p/r", mirror, keep_checkpoints=keep)
+    for iteration in (1, 2):
+        checkpoints.save(SavingAlgo(), tmp_path / "checkpoints", meta(iteration))
+        stored.sync()
+        assert mirror.wait_idle(guard(30))
+    assert bucket.text(key("checkpoints/latest")) == "checkpoint_000002"
+    down_for(bucket, -1)
+    for iteration in (3, 4):  # saved while the store is down; retention removes 1 and 2
+        checkpoints.save(SavingAlgo(), tmp_path / "checkpoints", meta(iteration))
+        stored.sync()
+    assert listing_here(tmp_path) == {"checkpoint_000003", "checkpoint_000004"}
+    ever_whole: set[str] = set()
+    broken: list[str] = []
+    checked = [0]
+
+    def newest_kept(path: str) -> None:  # before each request the store answers
+        checked[0] += 1
+        whole = {k.split("/")[4] for k in bucket.objects if k.endswith("/uerl.json")}
+        ever_whole.update(whole)
+        named = bucket.text(key("checkpoints/latest"))
+        upto = sorted(name for name in ever_whole if named and name <= named)[-keep:]
+        broken.extend(f"latest {named}: {name} gone" for name in upto if name not in whole)
+
+    bucket.on_request = newest_kept  # the store is back
+    stored.sync()
+    assert mirror.wait_idle(guard(30))
+    assert stored.close()
+    newest_kept("")
+    assert checked[0] > 5  # the rounds after the outage were watched
+    assert broken == []
+    assert bucket.text(key("checkpoints/latest")) == "checkpoint_000004"
+    assert ever_whole - {"checkpoint_000001", "checkpoint_000002"} == {
+        "checkpoint_000003",
+        "checkpoint_000004",
+    }
+    assert key("checkpoints/checkpoint_000001/uerl.json") not in bucket.objects  # then they go
+    assert key("checkpoints/checkpoint_000002/uerl.json") not in bucket.objects
+
+
+def listing_here(run_dir: Path) -> set[str]:
+    return {p.name for p in (run_dir / "checkpoints").iterdir() if p.is_dir()}

@@ -34,6 +34,7 @@ from training.runstore.bucket import S3Location, explain
 from training.runstore.bucket_restore import is_meta, stored_checkpoints, stored_files
 from training.runstore.lease import LeaseLost
 from training.runstore.listing import CHECKPOINTS, LATEST, META, holds_whole
+from training.runstore.retention import iteration_of
 from training.runstore.run_files import read_text
 
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 15.0
@@ -68,6 +69,7 @@ class Mirror:
         *,
         clock: Callable[[], float] = time.monotonic,
         stored_checkpoints: set[str] | None = None,
+        keep_checkpoints: int | None = None,
         fence: Callable[..., None] = _unfenced,
     ) -> None:
         self.location = location
@@ -88,6 +90,9 @@ class Mirror:
         self._stored_checkpoints = stored_checkpoints  # None: listed at the first round
         self._listed = False
         self._removed: set[str] = set()
+        # The newest this many whole checkpoints up to the stored `latest` stay, whatever
+        # retention removed here (runs.keep_checkpoints; None: only the one it names).
+        self._keep = keep_checkpoints
         self._retention_lock = threading.Lock()
         self._wanted = threading.Event()
         self._closing = threading.Event()
@@ -288,8 +293,8 @@ class Mirror:
             self._s3 = self.location.filesystem()
         self._fence(store=True)
         self._list_stored_checkpoints()
-        # Retention's deletions first: after an outage the round uploads every checkpoint
-        # saved meanwhile, and the bucket need not hold the old ones beside them.
+        # Retention's deletions first, of what the bucket may lose already (never one of the
+        # newest it holds up to its `latest`: those go once newer ones are stored).
         self._delete_removed()
         started, sent = time.monotonic(), 0
         named, changed = self._round()
@@ -397,12 +402,31 @@ class Mirror:
                 f"in part ({', '.join(sorted(parts))}): never whole, never resumed from"
             )
 
+    def _kept(self, stored: set[str]) -> set[str]:
+        """What the bucket keeps whatever retention removed here: the checkpoint its
+        `latest` names (or may name: a PUT whose answer was lost), and the newest `keep`
+        it holds up to that one. Retention judged them by the checkpoints saved here,
+        which the bucket may not hold yet (an outage): until it does, these are its
+        newest (issue 63; CI, stop 69)."""
+        pointer = self._uploaded_pointer
+        kept = set(self._pointer_maybe) | ({pointer} if pointer is not None else set())
+        if self._keep is not None:
+            ceiling = iteration_of(pointer) if pointer is not None else None
+            upto = sorted(
+                (iteration, name)
+                for name in stored
+                if (iteration := iteration_of(name)) is not None
+                and (ceiling is None or iteration <= ceiling)
+            )
+            kept |= {name for _, name in upto[-self._keep :]}
+        return kept
+
     def _delete_removed(self) -> None:
         with self._retention_lock:
             stored = self._stored_checkpoints or set()
             stored |= {rel.split("/")[1] for rel in self._uploaded if is_meta(rel)}
             self._stored_checkpoints = stored
-            doomed = sorted(self._removed - {self._uploaded_pointer} - self._pointer_maybe)
+            doomed = sorted(self._removed - self._kept(stored))
         if doomed:
             self._fence(store=True)
         files = stored_files(self._s3, self.location, self.run_name) if doomed else {}

@@ -227,6 +227,7 @@ def open_stored_run(
         local,
         log,
         stored_checkpoints=stored_checkpoints(stored),
+        keep_checkpoints=runs.keep_checkpoints,
         fence=lease.check,
     )
     return StoredRun(
