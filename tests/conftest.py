@@ -238,7 +238,7 @@ LONGEST_FIRST = (
     "test_learning.py",
     "test_preflight.py",
     "test_local_cluster.py",
-    "test_console.py",
+    "test_ray_output.py",
     "test_algos.py",
     "test_export.py",
     "test_driver_build.py",

@@ -19,7 +19,7 @@ from training.mock_ue import TWO_TEAMS
 from training.policies.configurations import PolicyConfigurationError
 from training.policies.ctde import GLOBAL_OBS, AddGlobalObservations, ctde_module_spec
 from training.policies.game_spec import GameSpec
-from training.probe.discovery import discover
+from training.preflight.discovery import discover
 from training.protocol.game_definition import AgentSpec
 from training.rllib.algorithm import build_algo_config, build_ppo_config
 from training.rllib.env_runner import UEConnection, UEEnvRunner

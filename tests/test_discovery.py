@@ -12,7 +12,7 @@ import pytest
 from training.commands import discover as discover_cmd
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.policies.game_spec import GameSpec, game_spec_from_definition
-from training.probe.discovery import discover
+from training.preflight.discovery import discover
 from training.protocol import spaces as codec
 from training.protocol._generated import schola_gym_pb2 as pb
 from training.protocol.errors import UEConnectionError, UEProtocolError

@@ -16,7 +16,7 @@ from host_speed import CLUSTER_START_S
 from training.local.ray_cluster import NODE_IP, LocalRayCluster, node_specs
 from training.mock_ue import MockUEServer
 from training.policies.game_spec import GameSpec
-from training.probe.discovery import discover
+from training.preflight.discovery import discover
 from training.rllib.algorithm import build_ppo_config
 from training.rllib.env_runner import UEConnection
 from training.run.driver import EnvRunnersDidNotStart, _build_algo

@@ -14,7 +14,7 @@ from ray.rllib.utils.metrics import EPISODE_LEN_MEAN, NUM_EPISODES_LIFETIME
 
 from training.mock_ue import TWO_TEAMS, MockUEServer
 from training.policies.configurations import PolicyMapping
-from training.probe.discovery import discover
+from training.preflight.discovery import discover
 from training.rllib.algorithm import build_ppo_config
 from training.rllib.env_runner import GameChangedError, UEConnection, UEEnvRunner, UEGameRunner
 from training.rllib.single_agent import UESingleAgentEnvRunner

@@ -16,7 +16,7 @@ from training.commands.training_options import add_training_args, options_from_a
 from training.mock_ue.scenarios import TWO_TEAMS
 from training.policies.configurations import PolicyConfigurationError
 from training.policies.game_spec import GameSpec
-from training.probe.discovery import discover
+from training.preflight.discovery import discover
 from training.rllib.algorithm import build_ppo_config, path_of, policy_names
 from training.rllib.env_runner import UEConnection, UEEnvRunner, UEGameRunner
 from training.rllib.single_agent import SINGLE_AGENT_POLICY_KEY, UESingleAgentEnvRunner

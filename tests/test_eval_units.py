@@ -11,7 +11,7 @@ import pytest
 from infra.endpoints import Endpoints
 from infra.topology import Topology
 from training.local.local_endpoints import local_endpoints
-from training.probe.preflight import NodeRoom, PreflightError, check_resources
+from training.preflight.checks import NodeRoom, PreflightError, check_resources
 from training.rllib.env_runner import (
     EvaluationRunnerRefused,
     UEEnvRunner,

@@ -13,7 +13,7 @@ import pytest
 from local_runs import LocalRun, run_local, start, wait_for_line
 from proc_tree import Deadline, StartedProcesses, TreeSampler, survivors
 
-from training.rllib.console import QUIET_TAG
+from training.rllib.ray_output import QUIET_TAG
 
 ITERATIONS = 3
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(1200)
 
 
 # What Ray and RLlib 2.60 print on every run, each from a different place: never on a
-# run's console, all in its `logs/ray.log` (training.rllib.console).
+# run's console, all in its `logs/ray.log` (training.rllib.ray_output).
 ROUTINE_NOISE = (
     "You are running PPO on the new API stack",  # the driver's RLlib logger
     "has constructor arguments in the object store",  # the driver's C++ core worker

@@ -16,7 +16,7 @@ from training.clients.game_client import GymClient
 from training.local import processes
 from training.local.games import LocalGamesError, LocalMockGames
 from training.local.local_endpoints import local_endpoints
-from training.probe.preflight import grpc_ready
+from training.preflight.checks import grpc_ready
 
 
 def test_games_listen_on_base_port_plus_worker_index_and_discovery_on_base(

@@ -18,7 +18,7 @@ from infra.topology import Topology
 from training.local import processes
 from training.local.local_endpoints import local_endpoints
 from training.local.ray_cluster import LocalRayCluster, node_specs
-from training.probe.preflight import PreflightError, preflight
+from training.preflight.checks import PreflightError, preflight
 
 # Generous sanity bound: preflight must never hang; it answers in seconds.
 BOUND_S = 60.0
@@ -208,7 +208,7 @@ def _ray_client_listener() -> socket.socket:
 def test_a_ray_client_server_that_dies_at_start_is_asked_once_more(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.probe import preflight as pf
+    from training.preflight import checks as pf
 
     calls: list[str] = []
 
@@ -236,7 +236,7 @@ def test_a_ray_client_server_that_dies_at_start_is_asked_once_more(
 def test_other_ray_client_failures_and_a_second_one_are_not_retried(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from training.probe import preflight as pf
+    from training.preflight import checks as pf
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
@@ -287,6 +287,6 @@ def test_a_silent_listener_at_the_gcs_address_fails_preflight_within_its_timeout
 
 
 def test_the_gcs_handshake_passes_against_rays_gcs(cluster: LocalRayCluster) -> None:
-    from training.probe.preflight import gcs_handshake
+    from training.preflight.checks import gcs_handshake
 
     gcs_handshake(cluster.address, timeout_s=10)

@@ -469,8 +469,8 @@ def test_a_shrink_by_slot_because_the_state_api_failed_says_so_in_the_log_and_ev
     # Before: the highest slots left silently (a warning in Ray's log only).
     import ray
 
-    from training.probe import preflight
-    from training.probe.preflight import NodeRoom
+    from training.preflight import checks as preflight
+    from training.preflight.checks import NodeRoom
 
     def state_api_down() -> list[Any]:
         raise RuntimeError("the dashboard is not answering")
@@ -495,8 +495,8 @@ def test_a_shrink_past_the_settle_time_says_so_in_the_log_and_events(
 ) -> None:
     import ray
 
-    from training.probe import preflight
-    from training.probe.preflight import NodeRoom
+    from training.preflight import checks as preflight
+    from training.preflight.checks import NodeRoom
     from training.rescale import rescaler as rescaler_module
 
     monkeypatch.setattr(ray, "nodes", lambda: [])

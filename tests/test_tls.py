@@ -19,7 +19,7 @@ from host_speed import guard
 from infra import forwarder
 from infra.endpoints import Endpoints, GameTLS
 from training.clients.game_client import GymClient
-from training.probe.discovery import DiscoveryError, discover_game
+from training.preflight.discovery import DiscoveryError, discover_game
 from training.protocol.errors import UEConnectionError, UETLSError
 from training.tls import certificates
 from training.tls.config import TLSConfig
@@ -361,7 +361,7 @@ def test_tls_secret_writes_a_chain_for_the_names_the_stacks_env_runners_dial(
 
 
 def test_preflight_checks_a_tls_game_over_tls(mock_ue: MockFactory, pki) -> None:
-    from training.probe.preflight import grpc_ready
+    from training.preflight.checks import grpc_ready
 
     server = mock_ue(**serving(pki["good"], client_ca=pki["good"].ca))
     grpc_ready(
@@ -373,7 +373,7 @@ def test_preflight_checks_a_tls_game_over_tls(mock_ue: MockFactory, pki) -> None
 
 
 def test_preflight_names_a_tls_failure_at_once(mock_ue: MockFactory, pki) -> None:
-    from training.probe.preflight import PreflightError, grpc_ready
+    from training.preflight.checks import PreflightError, grpc_ready
 
     server = mock_ue(**serving(pki["expired"]))
     started = time.monotonic()
@@ -390,7 +390,7 @@ def test_preflight_names_a_tls_failure_at_once(mock_ue: MockFactory, pki) -> Non
 def test_preflight_says_when_a_game_serves_tls_the_endpoints_do_not_mention(
     mock_ue: MockFactory, pki
 ) -> None:
-    from training.probe.preflight import PreflightError, grpc_ready
+    from training.preflight.checks import PreflightError, grpc_ready
 
     server = mock_ue(**serving(pki["good"]))
     with pytest.raises(PreflightError) as info:

@@ -81,7 +81,7 @@ def _game_pid(root: int, port: int) -> int | None:
 
 def _wait_answering(endpoint: str, fault: Fault) -> None:
     """Record when the faulted game completes a gRPC handshake again."""
-    from training.probe.preflight import PreflightError, grpc_ready
+    from training.preflight.checks import PreflightError, grpc_ready
 
     deadline = time.time() + 120
     while time.time() < deadline:

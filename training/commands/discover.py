@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from training.probe.discovery import discover
+    from training.preflight.discovery import discover
     from training.protocol.errors import UEError
     from training.tls.config import TLSConfig
 

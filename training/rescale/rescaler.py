@@ -150,7 +150,7 @@ class Rescaler:
         if len(runners) <= self.wanted:
             self._shrink_since = None
             return plan_rescale(runners, self.wanted, tied_to_pods=True)
-        from training.probe.preflight import node_rooms
+        from training.preflight.checks import node_rooms
         from training.rescale.runner_nodes import runners_whose_node_left
 
         now = time.monotonic()
@@ -220,7 +220,7 @@ class Rescaler:
         """Ask a new game for its definition from the driver, where the driver can reach it
         (networked, local); a sidecar game is reached only from its node: its runner's
         constructor asks it instead."""
-        from training.probe.discovery import discover
+        from training.preflight.discovery import discover
         from training.tls.config import for_games
 
         endpoints = self.endpoints
@@ -241,7 +241,7 @@ class Rescaler:
         return None
 
     def _free_units(self) -> int:
-        from training.probe.preflight import node_rooms
+        from training.preflight.checks import node_rooms
 
         rooms = node_rooms(self.endpoints.custom_resource)
         return sum(int(room.custom + 1e-9) for room in rooms)
@@ -252,7 +252,7 @@ class Rescaler:
         if not self.admission.given_up:
             self._units = None
             return
-        from training.probe.preflight import node_rooms
+        from training.preflight.checks import node_rooms
 
         units = sum(room.custom_total for room in node_rooms(self.endpoints.custom_resource))
         if self._units is not None and units != self._units:

@@ -34,8 +34,8 @@ from infra.endpoints import worker_endpoint
 from training.policies.self_play import SelfPlayMapping
 from training.protocol.errors import UEError, UEGameRefused, UEProtocolError
 from training.protocol.game_definition import same_agents
-from training.rllib.console import retag_if_quiet
 from training.rllib.game_health import GameHealth
+from training.rllib.ray_output import retag_if_quiet
 from training.rllib.runner_registry import RunnerRegistry
 from training.rllib.shared_health import SharedGameHealth
 from training.telemetry.ray_metrics import RunnerMetrics

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from infra.endpoints import Endpoints
-from training.rllib.console import RayConsole
+from training.rllib.ray_output import RayConsole
 
 if TYPE_CHECKING:
-    from training.probe.preflight import PreflightReport
+    from training.preflight.checks import PreflightReport
 
 
 def connect(
@@ -21,7 +21,7 @@ def connect(
 ) -> PreflightReport:
     """Preflight (Ray connected with the console's runtime env, resources and the
     discovery game checked), then the workers' output captured as the console says."""
-    from training.probe.preflight import preflight  # imports Ray
+    from training.preflight.checks import preflight  # imports Ray
 
     report = preflight(
         endpoints,

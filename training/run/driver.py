@@ -21,7 +21,7 @@ from training.policies.game_spec import GameSpec
 from training.policies.self_play import League, SelfPlaySettings
 from training.rescale.endpoints_watch import EndpointsWatch
 from training.rescale.rescaler import Rescaler
-from training.rllib.console import RayConsole
+from training.rllib.ray_output import RayConsole
 from training.run import checkpoints, metrics
 from training.run.connect import connect
 from training.run.iteration_sinks import Iteration, IterationSink, MetricsSink, TensorBoardSink
@@ -133,7 +133,7 @@ def _run_training(
 ) -> TrainResult:
     import ray
 
-    from training.probe.discovery import discover_game
+    from training.preflight.discovery import discover_game
     from training.rllib.algorithm import build_algo_config
 
     console.quiet_driver_loggers()  # RLlib's logger exists once it is imported

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.endpoints import Endpoints
 from training.policies.self_play import League, Outcomes
-from training.rllib.console import RayConsole
+from training.rllib.ray_output import RayConsole
 from training.run import checkpoints
 from training.run.connect import connect
 from training.run.opponents import (
@@ -307,7 +307,7 @@ def _game_and_league(
 ) -> tuple[GameSpec, League | None]:
     """The game with the checkpoint's policies, and the checkpoint's league (self-play);
     EvalError if the checkpoint's modules are not the policies the game has."""
-    from training.probe.discovery import discover_game
+    from training.preflight.discovery import discover_game
 
     trained = checkpoints.read_game(path)
     # The policies act as they were trained: the checkpoint's configuration.

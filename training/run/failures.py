@@ -7,8 +7,8 @@ from pathlib import Path
 
 from infra.endpoints import EndpointsError
 from training.policies.configurations import PolicyConfigurationError
-from training.probe.discovery import DiscoveryError
-from training.probe.preflight import PreflightError
+from training.preflight.checks import PreflightError
+from training.preflight.discovery import DiscoveryError
 from training.protocol.errors import UEError
 from training.rllib.hparams import HyperparameterError
 from training.run.checkpoints import CheckpointError

@@ -3,7 +3,7 @@
 networked: the driver asks the discovery endpoint directly (a Service it can reach).
 sidecar: the game is only reachable from inside a worker pod (localhost), so a
 Ray task on a node with the custom resource asks its local game
-(`training.probe.on_worker_node`).
+(`training.preflight.on_worker_node`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from functools import partial
 from infra.endpoints import Endpoints
 from training.clients.game_client import GymClient
 from training.policies.game_spec import GameSpec, game_spec_from_definition
-from training.probe.on_worker_node import WorkerNodeTaskError, run_on_worker_node
+from training.preflight.on_worker_node import WorkerNodeTaskError, run_on_worker_node
 from training.tls.config import TLSConfig, for_games
 
 

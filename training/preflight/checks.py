@@ -17,7 +17,7 @@ from typing import Any
 
 from infra.contract import GCS_PORT
 from infra.endpoints import Endpoints
-from training.probe.on_worker_node import WorkerNodeTaskError, run_on_worker_node
+from training.preflight.on_worker_node import WorkerNodeTaskError, run_on_worker_node
 from training.tls.config import TLSConfig, for_games
 
 _EPS = 1e-9

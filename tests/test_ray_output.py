@@ -22,7 +22,7 @@ import pytest
 from host_speed import CLUSTER_START_S
 from proc_tree import Deadline
 
-from training.rllib.console import (
+from training.rllib.ray_output import (
     CORE_WORKER_NOISE,
     QUIET_TAG,
     RayConsole,
@@ -61,7 +61,7 @@ def _actor_lines(*lines: str) -> dict[str, Any]:
 def worker_lines() -> Iterator[tuple[_WorkerLines, list[dict[str, Any]], io.StringIO]]:
     printed: list[dict[str, Any]] = []
     logged = io.StringIO()
-    logger = logging.getLogger("uerl.test_console")
+    logger = logging.getLogger("uerl.test_ray_output")
     handler = logging.StreamHandler(logged)
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -104,7 +104,7 @@ def test_driver_ray_warnings_go_to_the_log_and_errors_also_to_the_console(
     tmp_path: Path,
 ) -> None:
     console_out = io.StringIO()
-    logger = logging.getLogger("ray.uerl_test_console")
+    logger = logging.getLogger("ray.uerl_test_ray_output")
     handler = logging.StreamHandler(console_out)
     logger.addHandler(handler)
     logger.propagate = False

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 # Dotted path Ray imports in each worker process of the job at its start.
-WORKER_SETUP_HOOK = "training.rllib.console.quiet_worker"
+WORKER_SETUP_HOOK = "training.rllib.ray_output.quiet_worker"
 # Prefixed to every line of a record below ERROR that a worker's Ray logger prints.
 QUIET_TAG = "[uerl-quiet] "
 # RLlib's own console format (its handler exists only once `ray.rllib` is imported,
