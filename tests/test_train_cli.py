@@ -299,3 +299,18 @@ def test_a_start_that_fails_removes_the_run_dir_it_made_and_keeps_one_made_befor
     assert train.main(["--endpoints", endpoints, "--run-dir", str(mine)]) == 1
     assert not made.exists()
     assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_a_refusal_a_command_lets_through_is_one_line_and_its_status(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    from training import cli, exit_status
+
+    def refuses(argv: list[str]) -> int:
+        raise exit_status.UserError("--checkpoint x:\n  no such directory", exit_status.FAILED)
+
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: SimpleNamespace(main=refuses))
+    assert cli.main(["export"]) == exit_status.FAILED
+    assert capsys.readouterr().err == "uerl export: --checkpoint x: no such directory\n"

@@ -13,6 +13,8 @@ import io
 import sys
 from collections.abc import Sequence
 
+from training import exit_status
+
 # name -> (module exposing main(argv) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("infra.render", "print the Kubernetes objects a stack would create (offline)"),
@@ -74,16 +76,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:  # no command: usage on stderr, exit 2, as argparse does for a missing one
         print(_usage(), file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     if args[0] in ("-h", "--help", "help"):
         print(_usage())
-        return 0
+        return exit_status.OK
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"uerl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or exit_status.OK)
+    except exit_status.UserError as exc:  # a refusal a command did not print itself
+        print(f"uerl {name}: {exc}", file=sys.stderr)
+        return exc.status
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from training import exit_status
 from training.commands.arg_types import non_negative_int, positive_float, positive_int
 
 ITER = re.compile(r"^iter\s+(\d+) ")
@@ -115,7 +116,7 @@ def main(argv: Sequence[str]) -> int:
     code = proc.wait()
     if code != 0:
         print(f"uerl bench-faults: uerl local exited {code}; see {run_dir}", file=sys.stderr)
-        return 1
+        return exit_status.FAILED
     missing = _report(plan, run_dir)
     if missing:
         print(
@@ -123,8 +124,8 @@ def main(argv: Sequence[str]) -> int:
             "the figures above cover the others only",
             file=sys.stderr,
         )
-        return 1
-    return 0
+        return exit_status.FAILED
+    return exit_status.OK
 
 
 def follow(lines: Iterable[str], plan: list[Fault], root: int, stop_s: float) -> None:

@@ -23,6 +23,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from training import exit_status
 from training.bench.measure import game_cpu_s, single_agent_config
 from training.bench.round_trip import RoundTrip
 from training.commands.arg_types import positive_int
@@ -138,7 +139,7 @@ def main(argv: list[str]) -> int:
         single_agent_env(args.env)  # before any game or runner starts
     except ValueError as exc:
         print(f"uerl bench-runner: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     figures, game_cpu = run(args.env, args.envs, args.steps, args.rounds)
     base = next(f for f in figures if f.path == "rllib").us_per_step
     width = max(len(label) for label in LABELS.values())
@@ -147,4 +148,4 @@ def main(argv: list[str]) -> int:
         ratio = "" if f.path == "rllib" else f"  ({f.us_per_step / base:.2f}x the time)"
         label = f"{LABELS[f.path]:<{width}} x{args.envs}"
         print(f"runner  {label}: {f.us_per_step:7.0f} us/step{ratio}")
-    return 0
+    return exit_status.OK

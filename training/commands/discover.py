@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from training import exit_status
 from training.commands.arg_types import positive_float
 
 
@@ -40,13 +41,13 @@ def main(argv: list[str]) -> int:
         game = discover(args.endpoint, timeout_s=args.timeout, tls=tls)
     except ValueError as exc:  # unreadable or mismatched TLS files: named in the message
         print(f"uerl discover: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     except UEError as exc:
         print(f"uerl discover: {exc}", file=sys.stderr)
-        return 1
+        return exit_status.FAILED
     if args.json:
         print(game.to_json())
-        return 0
+        return exit_status.OK
     print(f"game at {args.endpoint}: {game.num_envs} environment(s), {len(game.agents)} agent(s)")
     mapping = game.policy_mapping()
     for aid, spec in sorted(game.agents.items()):
@@ -54,4 +55,4 @@ def main(argv: list[str]) -> int:
         print(f"    observation: {spec.observation_space}")
         print(f"    action:      {spec.action_space}")
     print(f"policies: {', '.join(game.policy_ids())}")
-    return 0
+    return exit_status.OK

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from infra.endpoints import EndpointsError
+from training import exit_status
 from training.commands.eval_options import add_eval_args, eval_options_from_args
 
 PROG = "uerl eval"
@@ -45,7 +46,7 @@ def main(argv: Sequence[str]) -> int:
         endpoints = load_endpoints(args.endpoints)
     except (EndpointsError, CheckpointError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     from training.run.eval_outcome import eval_and_report
 
     return eval_and_report(endpoints, options, prog=PROG)

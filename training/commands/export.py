@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from training import exit_status
 from training.commands.arg_types import non_negative_int, positive_int
 from training.commands.writable import (
     OutputRefused,
@@ -92,7 +93,7 @@ def main(argv: Sequence[str]) -> int:
         check_loadable(checkpoint, flag="--checkpoint")  # unpickles the modules' state
     except (CheckpointError, ExportRequestError, OutputRefused) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     try:
         exported = export_checkpoint(
             checkpoint, out, policies=args.policy, snapshots=args.snapshot, samples=args.samples
@@ -101,12 +102,12 @@ def main(argv: Sequence[str]) -> int:
         if exc.errno is None:
             raise
         print(f"{PROG}: {write_failed(out, what, exc)}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     except ExportRequestError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     except (ExportError, CheckpointError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+        return exit_status.FAILED
     print(listing(exported), flush=True)
-    return 0
+    return exit_status.OK

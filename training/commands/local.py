@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from training import exit_status
 from training.commands.arg_types import non_negative_int, port, positive_float, positive_int
 from training.commands.eval_options import add_eval_args, eval_options_from_args
 from training.commands.training_options import add_training_args, options_from_args
@@ -218,7 +219,7 @@ def main(argv: Sequence[str]) -> int:
             raise ValueError(f"--eval-episodes {args.eval_episodes}: must be at least 1")
     except (StackConfigError, HyperparameterError, CheckpointError, ValueError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     if topology.learners.gpus:
         print(f"{PROG}: no GPUs here: learners run on CPU (topology asks {topology.learners.gpus})")
 
@@ -257,7 +258,7 @@ def main_eval(argv: Sequence[str]) -> int:
         options = eval_options_from_args(args, checkpoint=checkpoint)
     except (StackConfigError, CheckpointError, ValueError) as exc:
         print(f"{EVAL_PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     run_dir = args.run_dir or Path("runs") / (
         f"local-{topology.name}-eval-{time.strftime('%Y%m%d-%H%M%S')}"
     )
@@ -300,7 +301,7 @@ def main_serve(argv: Sequence[str]) -> int:
         topology = _load_topology(args)
     except (StackConfigError, ValueError) as exc:
         print(f"{SERVE_PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     run_dir = (
         args.run_dir
         or Path("runs") / f"local-{topology.name}-serve-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -349,6 +350,6 @@ def main_scale(argv: Sequence[str]) -> int:
         result = request_scale(args.run_dir, args.workers, timeout_s=args.timeout)
     except ScaleError as exc:
         print(f"{SCALE_PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     print(f"{SCALE_PROG}: {result.message}", flush=True)
     return 0 if result.ok else 1

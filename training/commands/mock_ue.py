@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from training import exit_status
 from training.commands.arg_types import non_negative_float, port_or_any, positive_int
 
 
@@ -56,10 +57,10 @@ def main(argv: list[str]) -> int:
 
     if (args.tls_cert is None) != (args.tls_key is None):
         print("mock-ue: --tls-cert and --tls-key go together", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     if args.tls_client_ca is not None and args.tls_cert is None:
         print("mock-ue: --tls-client-ca (mutual TLS) needs --tls-cert, --tls-key", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     try:
         server = MockUEServer(
             args.host,
@@ -75,7 +76,7 @@ def main(argv: list[str]) -> int:
         port = server.start()
     except (OSError, ValueError) as exc:
         print(f"mock-ue: {exc}", file=sys.stderr)
-        return 1
+        return exit_status.FAILED
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:

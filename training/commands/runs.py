@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from training import exit_status
 from training.commands.arg_types import run_name
 from training.commands.writable import (
     OutputRefused,
@@ -178,10 +179,10 @@ def main(argv: Sequence[str]) -> int:
         return BAD_INPUT
     except RunStorageUnavailable as exc:  # the store did not answer: try again
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+        return exit_status.FAILED
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        return exit_status.INTERRUPTED
 
 
 def _pack(args: argparse.Namespace) -> int:
@@ -190,18 +191,18 @@ def _pack(args: argparse.Namespace) -> int:
     try:
         if args.manifest:
             print(json.dumps(listing.manifest(args.dir, args.run)))
-            return 0
+            return exit_status.OK
         latest, files = listing.plan(args.dir, args.run, latest_only=args.latest, only=args.only)
     except FileNotFoundError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     if args.only is not None and not listing.selected(
         f"{listing.CHECKPOINTS}/{listing.LATEST}", args.only
     ):
         latest = None  # the pointer was not asked for
     listing.pack(args.dir, args.run, latest, files, sys.stdout.buffer)
     sys.stdout.buffer.flush()
-    return 0
+    return exit_status.OK
 
 
 def _store(args: argparse.Namespace) -> Any:

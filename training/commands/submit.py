@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from training import exit_status
 from training.commands.arg_types import (
     SUBMISSION_ID_LIMITS,
     ArgumentsRefused,
@@ -156,14 +157,14 @@ def main(argv: Sequence[str]) -> int:
     problem = problem or _check_command(command)
     if problem is not None:
         print(f"{PROG}: {problem}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     assert command is not None
     if args.supervise:
         problem = _check_supervised(command)
         problem = problem and f"--supervise: {problem}"
     if problem is not None:
         print(f"{PROG}: {problem}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     from training.submit.submit_error import SubmitError
 
     try:
@@ -173,7 +174,7 @@ def main(argv: Sequence[str]) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+        return exit_status.INTERRUPTED
 
 
 def _check_options(args: argparse.Namespace) -> str | None:

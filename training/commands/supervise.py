@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from training import exit_status
 from training.commands.arg_types import (
     ArgumentsRefused,
     http_url,
@@ -114,7 +115,7 @@ def main(argv: Sequence[str]) -> int:
         problem = str(exc)
     if problem is not None:
         print(f"{PROG}: train flags (after `--`): {problem}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     from training.ray_auth import token_client
     from training.supervise.supervisor import Supervisor
 

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from training import exit_status
 from training.commands.arg_types import positive_float
 from training.commands.writable import check_writable_dir
 
@@ -45,19 +46,19 @@ def main(argv: Sequence[str]) -> int:
         )
     except StackConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     if args.days <= 0:
         print(f"{PROG}: --days must be positive, not {args.days:g}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     try:
         check_writable_dir(args.out, "--out")
     except ValueError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     for name in (certificates.CA_FILE, certificates.CERT_FILE, certificates.KEY_FILE):
         if (args.out / name).exists():
             print(f"{PROG}: {args.out / name} exists; not overwriting it", file=sys.stderr)
-            return 1
+            return exit_status.FAILED
     hosts = topology.game_tls_hosts
     files = certificates.issue(args.out, hosts, days=args.days)
     secret = topology.simulator.tls.secret if topology.simulator.tls else "uerl-game-tls"
@@ -76,4 +77,4 @@ def main(argv: Sequence[str]) -> int:
     print("  " + shlex.join(command))
     if topology.simulator.tls is None:
         print(f"then: pulumi config set --path topology.simulator.tls.secret {secret}")
-    return 0
+    return exit_status.OK

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from infra.contract import JOB_STOP_GRACE_S
 from infra.endpoints import Endpoints, EndpointsError
+from training import exit_status
 from training.commands.training_options import (
     add_training_args,
     check_flags,
@@ -106,11 +107,11 @@ def main(argv: Sequence[str]) -> int:
     except (EndpointsError, HyperparameterError, CheckpointError, ValueError) as exc:
         _refused(stored)
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     except RunStorageUnavailable as exc:  # a store down past the wait: try again later
         _refused(stored)
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+        return exit_status.FAILED
     from training.run.outcome import train_and_report
 
     made = not options.run_dir.exists()  # by this start (the store's: `stored.fresh`)

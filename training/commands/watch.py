@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from training import exit_status
 from training.commands.arg_types import positive_float
 from training.telemetry.scrape import Scrape
 from training.telemetry.watch_view import WatchState
@@ -148,7 +149,7 @@ def main(argv: Sequence[str]) -> int:
         where, take = scraper(args)
     except SourceError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
     state = WatchState(run=args.run)
     try:
         if args.once:
@@ -156,7 +157,7 @@ def main(argv: Sequence[str]) -> int:
         return _live(state, take, args, where)
     except SourceError as exc:  # the targets file went bad while it ran
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return exit_status.BAD_INPUT
 
 
 def _answered(state: WatchState) -> bool:

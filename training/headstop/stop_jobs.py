@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.contract import DASHBOARD_PORT, JOB_STOP_GRACE_S
+from training import exit_status
 from training.runstore.events import HEAD_STOPPING_MARKER
 
 RUNNING = ("PENDING", "RUNNING")
@@ -84,8 +85,8 @@ def main(argv: Sequence[str]) -> int:
         stop_running_jobs(client, answered=lambda: signal.alarm(0))
     except Exception as exc:  # the pod stops all the same: said, in its events
         print(f"the head's jobs were not stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        return exit_status.FAILED
+    return exit_status.OK
 
 
 if __name__ == "__main__":

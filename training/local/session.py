@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from training import exit_status
+
 if TYPE_CHECKING:
     from infra.endpoints import Endpoints
     from infra.topology import Topology
@@ -89,7 +91,7 @@ def _serve(
     from training.local.scaling import LocalScaler
     from training.run.stop import StopRequest
 
-    code = 1
+    code = exit_status.FAILED
     scaler: LocalScaler | None = None
     try:
         with StopRequest() as stop:
@@ -118,10 +120,10 @@ def _serve(
                 code = work(endpoints, stop)
     except KeyboardInterrupt:
         print(f"{prog}: aborted; everything started was stopped", file=sys.stderr)
-        code = 130
+        code = exit_status.INTERRUPTED
     except (LocalClusterError, LocalGamesError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        code = 1
+        code = exit_status.FAILED
     finally:
         # After the games and nodes it may have started are stopped (see LocalScaler).
         if scaler is not None:

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from infra.endpoints import Endpoints
+from training import exit_status
 from training.run.evaluation import EvalError, EvalOptions
 
 
@@ -29,14 +30,14 @@ def eval_and_report(endpoints: Endpoints, options: EvalOptions, *, prog: str) ->
         report = run_eval(endpoints, options)
     except KeyboardInterrupt:
         print(f"{prog}: aborted", file=sys.stderr)
-        return 130
+        return exit_status.INTERRUPTED
     except EvalError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
+        return exit_status.FAILED
     except Exception as exc:
         message = describe(exc, traceback_file=traceback_file(options), what="evaluation")
         print(f"{prog}: {message}", file=sys.stderr)
-        return 1
+        return exit_status.FAILED
     print(report.table(), flush=True)
     print(f"  report: {options.report_path}", flush=True)
-    return 0
+    return exit_status.OK

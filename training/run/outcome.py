@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 
 from infra.endpoints import Endpoints
+from training import exit_status
 from training.run.driver import TrainOptions, TrainResult, run_training
 from training.run.stop import StopRequest
 from training.runstore.lease import LeaseLost
@@ -37,21 +38,21 @@ def train_and_report(
         result = run_training(endpoints, options, stop=stop, store=store, fence=fence)
     except LeaseLost as exc:  # another writer's run now: no traceback written into it
         print(f"{prog}: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return exit_status.FAILED
     except KeyboardInterrupt:
         print(f"{prog}: aborted by {stop.signal_name or 'KeyboardInterrupt'}", file=sys.stderr)
-        return 130
+        return exit_status.INTERRUPTED
     except Exception as exc:
         print(
             f"{prog}: {describe(exc, traceback_file=options.run_dir / TRACEBACK_NAME)}",
             file=sys.stderr,
         )
-        return 1
+        return exit_status.FAILED
     print(summary(result), flush=True)
     if result.failure is not None:
         print(f"{prog}: gave up: {result.failure}", file=sys.stderr, flush=True)
-        return 1
-    return 130 if result.interrupted else 0
+        return exit_status.FAILED
+    return exit_status.INTERRUPTED if result.interrupted else exit_status.OK
 
 
 def _ending(result: TrainResult) -> str:

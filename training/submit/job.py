@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from infra.contract import JOB_STOP_GRACE_S
+from training import exit_status
 from training.ray_auth import token_client
 from training.rayjobs import job_watch
 from training.rayjobs.job_client import JobClient, failure_message
@@ -28,8 +29,12 @@ from training.runstore import events
 from training.submit.submit_error import BAD_INPUT, CLUSTER_UNUSABLE, SubmitError
 
 # A job's terminal status -> `uerl submit`'s exit status (130: stopped, as after Ctrl-C).
-EXIT_STATUS = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
-INTERRUPTED = 130
+EXIT_STATUS = {
+    "SUCCEEDED": exit_status.OK,
+    "FAILED": exit_status.FAILED,
+    "STOPPED": exit_status.INTERRUPTED,
+}
+INTERRUPTED = exit_status.INTERRUPTED
 POLL_S = 1.0
 # No answer from the job API for this long (the head gone, the API unreachable): give up.
 NO_ANSWER_S = 120.0

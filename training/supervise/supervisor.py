@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from training import exit_status
 from training.ray_auth.token_client import is_refusal
 from training.rayjobs import job_watch
 from training.rayjobs.job_client import JobClient, already_exists, failure_message, status_name
@@ -51,7 +52,7 @@ RECORD_METADATA = "uerl_record_of"  # ... and the run a job reading its record i
 # ... and the supervision that submitted it: the supervisor Job's uid, which its replaced
 # pods share and a new Job of the same run does not.
 SUPERVISION_METADATA = "uerl_supervision"
-BAD_INPUT = 2
+BAD_INPUT = exit_status.BAD_INPUT  # a job that ended so would fail again
 POLL_S = 5.0
 # A refused token waited on for a rotation to reach the mounted Secret, at most.
 TOKEN_WAIT_S = 180.0
@@ -387,7 +388,7 @@ class Supervisor:
         elif status in ("SUCCEEDED", "STOPPED") and supervision == self.supervision:
             # This supervision's own attempt (its pod replaced after the run ended).
             self.log(f"run {self.run_name}: attempt {attempt} already ended {status}")
-            return 0
+            return exit_status.OK
         elif status in ("SUCCEEDED", "STOPPED"):
             # A new supervised Job of a run that ended (more --iterations, or after a
             # person's `ray job stop`): it carries the run on from its last checkpoint.
@@ -431,7 +432,7 @@ class Supervisor:
             outcome = self._follow(job_id)
             if outcome.status in ("SUCCEEDED", "STOPPED"):
                 self.log(f"run {self.run_name}: job {job_id} {outcome.status}; done")
-                return 0
+                return exit_status.OK
             if outcome.status == "GONE":
                 return self._give_up(outcome)
             if outcome.status == "FAILED" and exit_code(outcome.why) == BAD_INPUT:
@@ -443,7 +444,7 @@ class Supervisor:
                     f"run {self.run_name}: {outcome.why}; {self.max_restarts} restarts in a row "
                     "without a new checkpoint, giving up"
                 )
-                return 1
+                return exit_status.FAILED
             reason = outcome.why
             self.log(f"run {self.run_name}: {reason}; resuming from its last checkpoint")
             job_id = None
@@ -451,7 +452,7 @@ class Supervisor:
 
     def _give_up(self, outcome: Outcome) -> int:
         self.log(f"run {self.run_name}: {outcome.why}; giving up")
-        return 1
+        return exit_status.FAILED
 
     def _wait_for_head(self, what: str) -> Outcome | None:
         """Waits for the job API to answer (None), or GONE after head_wait_s."""
