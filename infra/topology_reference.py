@@ -2,8 +2,8 @@
 
 One row per field, nested models flattened to their config path (`ray.head.cpus`; a
 list of models as `learners.tolerations[].key`): the type as written in the code, the
-default, the constraints pydantic enforces and the comment written above the field
-(a group of fields: its model's docstring). The docs site renders it
+default, the constraints pydantic enforces and the field's description, its docstring
+(a group of fields: its model's docstring too). The docs site renders it
 (`docs/hooks.py`); `tests/test_docs.py` checks it lists every field.
 """
 
@@ -48,9 +48,9 @@ class Row:
         )
 
 
-def _field_sources(model: type[BaseModel]) -> dict[str, tuple[str, str]]:
-    """Field name -> (annotation as written, comment above it), through the model's bases."""
-    found: dict[str, tuple[str, str]] = {}
+def _annotations(model: type[BaseModel]) -> dict[str, str]:
+    """Field name -> its annotation as written (aliases kept), through the model's bases."""
+    found: dict[str, str] = {}
     for cls in reversed(model.__mro__):
         if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls is BaseModel:
             continue
@@ -58,22 +58,23 @@ def _field_sources(model: type[BaseModel]) -> dict[str, tuple[str, str]]:
             source = inspect.getsource(cls)
         except (OSError, TypeError):
             continue
-        lines = source.splitlines()
         (node,) = ast.parse(source).body
         for item in node.body:  # type: ignore[attr-defined]
             if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                comment: list[str] = []
-                index = item.lineno - 2
-                while index >= 0 and lines[index].strip().startswith("#"):
-                    comment.insert(0, lines[index].strip().lstrip("#").strip())
-                    index -= 1
-                # A subclass that re-declares a field (a new default) keeps its comment.
-                previous = found.get(item.target.id, ("", ""))[1]
-                found[item.target.id] = (
-                    ast.unparse(item.annotation),
-                    " ".join(comment) or previous,
-                )
+                found[item.target.id] = ast.unparse(item.annotation)
     return found
+
+
+def description(model: type[BaseModel], name: str) -> str:
+    """A field's description (its docstring, pydantic's `use_attribute_docstrings`); a
+    subclass that re-declares a field (a new default) keeps its base's."""
+    for cls in model.__mro__:
+        fields = getattr(cls, "model_fields", None)
+        if isinstance(cls, type) and issubclass(cls, BaseModel) and fields and name in fields:
+            text = fields[name].description
+            if text:
+                return " ".join(text.split())
+    return ""
 
 
 # Aliases of `infra/topology/`, as a reader of the reference wants them spelled.
@@ -155,10 +156,11 @@ def _constraint(info: FieldInfo) -> str:
 
 
 def rows(model: type[BaseModel] = topology.Topology, prefix: str = "") -> list[Row]:
-    sources = _field_sources(model)
+    written_as = _annotations(model)
     out: list[Row] = []
     for name, info in model.model_fields.items():
-        written, comment = sources.get(name, (str(info.annotation), ""))
+        written = written_as.get(name, str(info.annotation))
+        comment = description(model, name)
         path = f"{prefix}{name}"
         nested, many = _nested_model(info.annotation)
         if nested is not None and nested.__doc__:

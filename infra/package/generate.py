@@ -68,7 +68,7 @@ def _type(annotation: Any, found: list[type[BaseModel]]) -> str:
 
 
 def _comments() -> dict[tuple[str, str], str]:
-    """(model name, field) -> the comment above the field, as the reference has it."""
+    """(model name, field) -> the field's description (its docstring), as the reference has it."""
     out: dict[tuple[str, str], str] = {}
     for model in _models():
         for name in model.model_fields:

@@ -27,25 +27,25 @@ KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
 class OperatorSpec(Spec):
     """The KubeRay operator (Helm chart `kuberay-operator`)."""
 
-    # Install the chart; false on clusters that already run KubeRay.
     install: bool = True
-    # The chart version, pinned.
+    """Install the chart; false on clusters that already run KubeRay."""
     chart_version: Text = KUBERAY_CHART_VERSION
-    # The Helm repository the chart comes from.
+    """The chart version, pinned."""
     repository: Text = KUBERAY_REPOSITORY
-    # A local chart directory or .tgz, for air-gapped clusters (wins over
-    # repository). Relative paths are relative to the project root (Pulumi.yaml).
+    """The Helm repository the chart comes from."""
     chart_path: Text | None = None
-    # Helm values for the chart, e.g. {image: {repository: mirror/kuberay/operator}}.
+    """A local chart directory or .tgz, for air-gapped clusters (wins over repository). Relative
+    paths are relative to the project root (Pulumi.yaml)."""
     values: dict[str, Any] = {}
-    # The chart's CRDs, one resource of the stack's. `install`: created before the chart
-    # (refused, naming this field, if a former KubeRay left them: Helm never deletes
-    # CRDs), deleted by `pulumi destroy` unless other stacks' RayClusters or RayJobs use
-    # them; `adopt`: take over existing ones and update them to the chart's, left in place
-    # by `pulumi destroy`; `skip`: leave them as they are.
+    """Helm values for the chart, e.g. {image: {repository: mirror/kuberay/operator}}."""
     crds: Literal["install", "adopt", "skip"] = "install"
-    # None: the topology's namespace.
+    """The chart's CRDs, one resource of the stack's. `install`: created before the chart (refused,
+    naming this field, if a former KubeRay left them: Helm never deletes CRDs), deleted by
+    `pulumi destroy` unless other stacks' RayClusters or RayJobs use them; `adopt`: take over
+    existing ones and update them to the chart's, left in place by `pulumi destroy`; `skip`:
+    leave them as they are."""
     namespace: NamespaceName | None = None
+    """None: the topology's namespace."""
 
 
 def _cidr(value: str) -> str:
@@ -61,20 +61,20 @@ Cidr = checked_text(_cidr)
 class SecuritySpec(Spec):
     """Who may reach what, and how the pods run. Everything is on by default."""
 
-    # Per-stack NetworkPolicies: games only from the stack's Ray pods, the Ray pods
-    # only from each other (plus `allowed_cidrs` on the head's ports). Off only for a
-    # CNI without NetworkPolicy support, where they would silently do nothing.
     network_policies: bool = True
-    # Who else may reach the head's GCS, client and dashboard ports (job submission
-    # from outside the cluster), e.g. ["10.20.0.0/16"]. Empty: nobody.
+    """Per-stack NetworkPolicies: games only from the stack's Ray pods, the Ray pods only from each
+    other (plus `allowed_cidrs` on the head's ports). Off only for a CNI without NetworkPolicy
+    support, where they would silently do nothing."""
     allowed_cidrs: list[Cidr] = []
-    # Egress only to the stack's own pods and DNS (the game or Ray then cannot
-    # download anything at run time), and the head's to the run store: with `runs.store:
-    # s3`, `runs.s3.endpoint` must then be an IP address or an in-cluster Service.
+    """Who else may reach the head's GCS, client and dashboard ports (job submission from outside
+    the cluster), e.g. ["10.20.0.0/16"]. Empty: nobody."""
     restrict_egress: bool = False
-    # The Pod Security Standard a namespace uerl creates enforces; every pod uerl
-    # creates passes `restricted`.
+    """Egress only to the stack's own pods and DNS (the game or Ray then cannot download anything at
+    run time), and the head's to the run store: with `runs.store: s3`, `runs.s3.endpoint` must
+    then be an IP address or an in-cluster Service."""
     pod_security: Literal["restricted", "baseline", "privileged"] = "restricted"
+    """The Pod Security Standard a namespace uerl creates enforces; every pod uerl creates passes
+    `restricted`."""
 
 
 # Ray's metrics export port on every Ray node (KubeRay's default, kept): each node's
@@ -100,31 +100,31 @@ class MetricsScraperSpec(Spec):
     """The Prometheus that scrapes the stack's Ray pods: the stack's NetworkPolicies let
     its pods, and no others, reach the metrics port."""
 
-    # The namespace its pods run in, e.g. monitoring.
     namespace: NamespaceName
-    # Labels its pods carry, e.g. {app.kubernetes.io/name: prometheus}. Empty: every pod
-    # of the namespace.
+    """The namespace its pods run in, e.g. monitoring."""
     labels: SelectorLabels = {}
+    """Labels its pods carry, e.g. {app.kubernetes.io/name: prometheus}. Empty: every pod of the
+    namespace."""
 
 
 class MetricsSpec(Spec):
     """Ray's and uerl's metrics (docs/kubernetes.md, "Watching a training"): every Ray
     pod's metrics agent serves them on `port`."""
 
-    # The port every Ray pod serves metrics on (Ray's --metrics-export-port), named
-    # `metrics` in the pods.
     port: int = Field(default=METRICS_PORT, ge=1, le=65535)
-    # Make a PodMonitor (the Prometheus Operator's CRD, which the cluster must have) that
-    # selects the stack's Ray pods' metrics port.
+    """The port every Ray pod serves metrics on (Ray's --metrics-export-port), named `metrics` in
+    the pods."""
     pod_monitor: bool = False
-    # How often Prometheus scrapes the pods (the PodMonitor's interval).
+    """Make a PodMonitor (the Prometheus Operator's CRD, which the cluster must have) that selects
+    the stack's Ray pods' metrics port."""
     interval: Duration = "30s"
-    # Labels of the PodMonitor itself, for a Prometheus that picks PodMonitors by label
-    # (kube-prometheus-stack's: {release: <its Helm release>}).
+    """How often Prometheus scrapes the pods (the PodMonitor's interval)."""
     pod_monitor_labels: Labels = {}
-    # Who scrapes: with `security.network_policies`, only the Ray pods of the stack may
-    # reach each other, so a PodMonitor needs its Prometheus named here.
+    """Labels of the PodMonitor itself, for a Prometheus that picks PodMonitors by label
+    (kube-prometheus-stack's: {release: <its Helm release>})."""
     scraper: MetricsScraperSpec | None = None
+    """Who scrapes: with `security.network_policies`, only the Ray pods of the stack may reach each
+    other, so a PodMonitor needs its Prometheus named here."""
 
     @field_validator("port")
     @classmethod

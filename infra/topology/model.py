@@ -32,23 +32,23 @@ NAME_MAX = 40
 class Topology(DerivedNames, Spec):
     """A whole uerl deployment."""
 
-    # Prefix of every object; the RayCluster's name. A letter first (it names Services:
-    # `<name>-head-svc`), and short enough that KubeRay's derived names (pods with
-    # suffixes) stay valid.
     name: Text = "uerl"
-    # The namespace of every object (a DNS-1123 label).
+    """Prefix of every object; the RayCluster's name. A letter first (it names Services:
+    `<name>-head-svc`), and short enough that KubeRay's derived names (pods with suffixes) stay
+    valid."""
     namespace: NamespaceName = "uerl"
-    # Create the namespace; false: it must exist (e.g. a second stack in it).
+    """The namespace of every object (a DNS-1123 label)."""
     create_namespace: bool = True
-    # `sidecar`: each game runs in its worker pod; `networked`: one StatefulSet of
-    # games behind a headless Service.
+    """Create the namespace; false: it must exist (e.g. a second stack in it)."""
     pattern: Pattern = "sidecar"
-    # Applied to every container uerl creates. IfNotPresent: images loaded into
-    # kind/k3d/minikube are used as loaded; a rebuilt image needs a new tag.
+    """`sidecar`: each game runs in its worker pod; `networked`: one StatefulSet of games behind a
+    headless Service."""
     image_pull_policy: ImagePullPolicy = "IfNotPresent"
-    # Time allowed for pulling images on top of every start-up wait `pulumi up`
-    # makes (UE and Ray images are several GB).
+    """Applied to every container uerl creates. IfNotPresent: images loaded into kind/k3d/minikube
+    are used as loaded; a rebuilt image needs a new tag."""
     image_pull_timeout_s: int = Field(default=600, ge=0, le=7200)
+    """Time allowed for pulling images on top of every start-up wait `pulumi up` makes (UE and Ray
+    images are several GB)."""
     ray: RaySpec = RaySpec()
     learners: LearnerSpec = LearnerSpec()
     workers: WorkerSpec = WorkerSpec()

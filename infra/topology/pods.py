@@ -27,16 +27,16 @@ from infra.topology.value_types import (
 class Toleration(Spec):
     """A Kubernetes toleration of the group's pods (the pod spec's own fields)."""
 
-    # The taint key tolerated, a label key (none with `Exists`: every taint).
     key: Text | None = None
-    # `Equal`: the taint's value must be `value`; `Exists`: any value.
+    """The taint key tolerated, a label key (none with `Exists`: every taint)."""
     operator: Literal["Exists", "Equal"] = "Equal"
-    # The taint value tolerated with `Equal`, a label value.
+    """`Equal`: the taint's value must be `value`; `Exists`: any value."""
     value: Text | None = None
-    # The taint effect tolerated (none: every effect).
+    """The taint value tolerated with `Equal`, a label value."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    # With `NoExecute`: how long a pod stays on a node after the taint appears.
+    """The taint effect tolerated (none: every effect)."""
     toleration_seconds: int | None = Field(default=None, ge=0)
+    """With `NoExecute`: how long a pod stays on a node after the taint appears."""
 
     @field_validator("key")
     @classmethod
@@ -93,16 +93,16 @@ class ServiceAccountSpec(Spec):
     identity (GKE Workload Identity, EKS IAM roles for service accounts, Azure Workload
     Identity)."""
 
-    # The account's name, in the stack's namespace.
     name: AccountName
-    # Create the account with the stack (and delete it with it); false: it must exist.
+    """The account's name, in the stack's namespace."""
     create: bool = False
-    # Annotations of the account the stack creates, e.g.
-    # `{eks.amazonaws.com/role-arn: arn:aws:iam::123456789012:role/uerl}`.
+    """Create the account with the stack (and delete it with it); false: it must exist."""
     annotations: Annotations = {}
-    # Mount the account's Kubernetes API token in the pods. Off: nothing uerl runs calls
-    # the Kubernetes API, and cloud workload identity does without it.
+    """Annotations of the account the stack creates, e.g. `{eks.amazonaws.com/role-arn:
+    arn:aws:iam::123456789012:role/uerl}`."""
     automount_token: bool = False
+    """Mount the account's Kubernetes API token in the pods. Off: nothing uerl runs calls the
+    Kubernetes API, and cloud workload identity does without it."""
 
     @model_validator(mode="after")
     def _annotations_need_create(self) -> ServiceAccountSpec:
@@ -118,26 +118,26 @@ class ServiceAccountSpec(Spec):
 class PodSpec(Spec):
     """Where a group's pods run and as whom: every pod uerl makes has these fields."""
 
-    # Node labels the group's pods must be scheduled on.
     node_selector: NodeSelector = {}
-    # Taints the group's pods tolerate.
+    """Node labels the group's pods must be scheduled on."""
     tolerations: list[Toleration] = []
-    # The pods' Kubernetes affinity (`nodeAffinity`, `podAffinity`, `podAntiAffinity`), in
-    # Kubernetes' field names, checked as the API server would.
+    """Taints the group's pods tolerate."""
     affinity: Affinity | None = None
-    # The PriorityClass of the group's pods (it must exist). None: the cluster's default.
+    """The pods' Kubernetes affinity (`nodeAffinity`, `podAffinity`, `podAntiAffinity`), in
+    Kubernetes' field names, checked as the API server would."""
     priority_class_name: PriorityClassName | None = None
-    # Extra labels of the group's pods (not uerl's `app.kubernetes.io/` ones, nor KubeRay's
-    # `ray.io/` ones).
+    """The PriorityClass of the group's pods (it must exist). None: the cluster's default."""
     labels: Labels = {}
-    # Extra annotations of the group's pods.
+    """Extra labels of the group's pods (not uerl's `app.kubernetes.io/` ones, nor KubeRay's
+    `ray.io/` ones)."""
     annotations: Annotations = {}
-    # Secrets (kubernetes.io/dockerconfigjson, in the stack's namespace) the kubelet pulls
-    # every image of the group's pods with.
+    """Extra annotations of the group's pods."""
     image_pull_secrets: list[SecretName] = []
-    # The account the group's pods run as. None: the namespace's `default`, its API token
-    # mounted as the cluster does by default.
+    """Secrets (kubernetes.io/dockerconfigjson, in the stack's namespace) the kubelet pulls every
+    image of the group's pods with."""
     service_account: ServiceAccountSpec | None = None
+    """The account the group's pods run as. None: the namespace's `default`, its API token mounted
+    as the cluster does by default."""
 
     @classmethod
     def pod_field_names(cls) -> tuple[str, ...]:
@@ -153,13 +153,13 @@ class PodSpec(Spec):
 class SizedSpec(Spec):
     """The size of the container a group runs."""
 
-    # CPUs of the container (fractions become millicores).
     cpus: float = Field(default=1, gt=0, le=MAX_CPUS)
-    # Memory of the container, a Kubernetes quantity (requests = limits).
+    """CPUs of the container (fractions become millicores)."""
     memory: Quantity = "2Gi"
-    # CPU limits equal to `cpus` (Guaranteed QoS: the container gets what it asked for and
-    # no more); false: CPU requests only, so it may use idle CPUs of its node.
+    """Memory of the container, a Kubernetes quantity (requests = limits)."""
     cpu_limits: bool = True
-    # Node disk requested for what the container writes (its root filesystem, /tmp), a
-    # Kubernetes quantity; a request for the scheduler, not a limit. None: no request.
+    """CPU limits equal to `cpus` (Guaranteed QoS: the container gets what it asked for and no
+    more); false: CPU requests only, so it may use idle CPUs of its node."""
     ephemeral_storage: Quantity | None = None
+    """Node disk requested for what the container writes (its root filesystem, /tmp), a Kubernetes
+    quantity; a request for the scheduler, not a limit. None: no request."""

@@ -35,12 +35,12 @@ SHM_MEMORY_FRACTION = 0.3
 
 
 class _RaySizedSpec(SizedSpec):
-    # Node disk requested for the Ray container's writes: Ray's session logs and spilled
-    # objects in /tmp, runs started under $HOME (a request, not a limit). None: no request.
     ephemeral_storage: Quantity | None = "1Gi"
-    # Size of the Ray container's /dev/shm (memory-backed: Ray's object store lives there,
-    # and it counts against `memory`). None: 30% of `memory`, the object store's default.
+    """Node disk requested for the Ray container's writes: Ray's session logs and spilled objects in
+    /tmp, runs started under $HOME (a request, not a limit). None: no request."""
     shm_size: Quantity | None = None
+    """Size of the Ray container's /dev/shm (memory-backed: Ray's object store lives there, and it
+    counts against `memory`). None: 30% of `memory`, the object store's default."""
 
     @model_validator(mode="after")
     def _shm_fits(self) -> _RaySizedSpec:
@@ -71,22 +71,22 @@ class RayGroupSpec(PodSpec, _RaySizedSpec):
 class HeadSpec(RayGroupSpec):
     """The Ray head pod. It schedules no work (num-cpus 0): these are its container's size."""
 
-    # CPUs of the head container.
     cpus: float = Field(default=1, gt=0, le=MAX_CPUS)
-    # Memory of the head container, a Kubernetes quantity.
+    """CPUs of the head container."""
     memory: Quantity = "4Gi"
+    """Memory of the head container, a Kubernetes quantity."""
 
 
 class RayAuthSpec(Spec):
     """Who may call Ray's dashboard, job API and GCS (KubeRay's `authOptions`)."""
 
-    # `token`: every call needs the token (Ray's token authentication, Ray >= 2.52,
-    # KubeRay >= 1.5); `disabled`: open to whoever reaches the head's ports (the
-    # NetworkPolicies narrow who; `security.allowed_cidrs` then must stay empty).
     mode: Literal["token", "disabled"] = "token"
-    # A Secret of yours holding the token under the key `auth_token`. None: KubeRay
-    # makes one named as the RayCluster (32 random bytes, deleted with the cluster).
+    """`token`: every call needs the token (Ray's token authentication, Ray >= 2.52, KubeRay >=
+    1.5); `disabled`: open to whoever reaches the head's ports (the NetworkPolicies narrow who;
+    `security.allowed_cidrs` then must stay empty)."""
     secret_name: SecretName | None = None
+    """A Secret of yours holding the token under the key `auth_token`. None: KubeRay makes one named
+    as the RayCluster (32 random bytes, deleted with the cluster)."""
 
     @model_validator(mode="after")
     def _secret_needs_token(self) -> RayAuthSpec:
@@ -98,18 +98,17 @@ class RayAuthSpec(Spec):
 class RaySpec(Spec):
     """The Ray cluster (KubeRay RayCluster): its version, image, head and who may call it."""
 
-    # Ray version of the cluster; must equal the training package's pin.
     version: Text = Field(default=RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
-    # Ray image for head and workers, and learners unless `learners.image` (it needs uerl
-    # installed). None: `uerl/ray:<version>-py311-cpu` (docker/ray.Dockerfile).
+    """Ray version of the cluster; must equal the training package's pin."""
     image: Image | None = None
+    """Ray image for head and workers, and learners unless `learners.image` (it needs uerl
+    installed). None: `uerl/ray:<version>-py311-cpu` (docker/ray.Dockerfile)."""
     head: HeadSpec = HeadSpec()
     auth: RayAuthSpec = RayAuthSpec()
-    # How long `pulumi up` gives KubeRay to create the Ray pods and `ray start`
-    # to join, after the images are pulled (and sidecar games answer); `uerl local`, its
-    # Ray nodes to start and register (a busy host's may miss Ray's own 30 s, and are
-    # started again within this).
     start_timeout_s: int = Field(default=300, ge=10, le=7200)
+    """How long `pulumi up` gives KubeRay to create the Ray pods and `ray start` to join, after the
+    images are pulled (and sidecar games answer); `uerl local`, its Ray nodes to start and
+    register (a busy host's may miss Ray's own 30 s, and are started again within this)."""
 
     @model_validator(mode="after")
     def _token_needs_a_recent_ray(self) -> RaySpec:
@@ -136,34 +135,34 @@ class RaySpec(Spec):
 
 
 class _NodeGroupSpec(RayGroupSpec):
-    # CPUs of each node's Ray container (fractions become millicores).
     cpus: float = Field(default=1, gt=0, le=MAX_CPUS)
-    # Memory of each node's Ray container, a Kubernetes quantity.
+    """CPUs of each node's Ray container (fractions become millicores)."""
     memory: Quantity = "2Gi"
+    """Memory of each node's Ray container, a Kubernetes quantity."""
 
 
 class LearnerSpec(_NodeGroupSpec):
     """X learner nodes. replicas 0 trains on the driver."""
 
-    # The Ray resource each learner node advertises (one unit); every learner needs
-    # one, so learners run only on learner nodes (never on a worker node, whose pod a
-    # shrink may delete, or beside a game).
     custom_resource: ResourceName = "uerl_learner"
+    """The Ray resource each learner node advertises (one unit); every learner needs one, so
+    learners run only on learner nodes (never on a worker node, whose pod a shrink may delete, or
+    beside a game)."""
 
-    # X: how many learner nodes (one RLlib learner each); 0 learns on the driver.
     replicas: int = Field(default=1, ge=0, le=256)
-    # CPUs of each learner's Ray container.
+    """X: how many learner nodes (one RLlib learner each); 0 learns on the driver."""
     cpus: float = Field(default=2, gt=0, le=MAX_CPUS)
-    # Memory of each learner's Ray container, a Kubernetes quantity.
+    """CPUs of each learner's Ray container."""
     memory: Quantity = "4Gi"
-    # GPUs per learner, asked for as `gpu_resource`.
+    """Memory of each learner's Ray container, a Kubernetes quantity."""
     gpus: int = Field(default=0, ge=0, le=16)
-    # The extended resource the learners' GPUs are, e.g. `amd.com/gpu`.
+    """GPUs per learner, asked for as `gpu_resource`."""
     gpu_resource: GpuResource = GPU_RESOURCE
-    # The learners' image, e.g. the CUDA build of the Ray image (`make images` tags it
-    # `uerl/ray:<version>-py311-cuda`: the same Ray, Python and uerl). None: the Ray
-    # image (`ray.image`).
+    """The extended resource the learners' GPUs are, e.g. `amd.com/gpu`."""
     image: Image | None = None
+    """The learners' image, e.g. the CUDA build of the Ray image (`make images` tags it
+    `uerl/ray:<version>-py311-cuda`: the same Ray, Python and uerl). None: the Ray image
+    (`ray.image`)."""
 
 
 class WorkerSpec(_NodeGroupSpec):
@@ -171,7 +170,7 @@ class WorkerSpec(_NodeGroupSpec):
 
     replicas 0 leaves no game: a training that is running pauses until games return."""
 
-    # Y: how many env-runner nodes, one game and one env runner each.
     replicas: int = Field(default=2, ge=0, le=1000)
-    # The Ray resource each worker advertises (one unit); every env runner needs one.
+    """Y: how many env-runner nodes, one game and one env runner each."""
     custom_resource: ResourceName = "ue_worker"
+    """The Ray resource each worker advertises (one unit); every env runner needs one."""

@@ -33,18 +33,18 @@ RegionName = checked_text(s3_rules.region_name)
 class RunsClaimSpec(Spec):
     """The PersistentVolumeClaim runs are stored on (`runs.store: claim`)."""
 
-    # Use this PersistentVolumeClaim instead of creating one.
     existing_claim: ClaimName | None = None
-    # Size of the claim uerl creates, a Kubernetes quantity.
+    """Use this PersistentVolumeClaim instead of creating one."""
     size: Quantity = "20Gi"
-    # Storage class of that claim. None: the cluster's default; "": no class (a volume
-    # made for it).
+    """Size of the claim uerl creates, a Kubernetes quantity."""
     storage_class: StorageClassName | None = None
-    # Only the Ray head mounts it (the driver runs there).
+    """Storage class of that claim. None: the cluster's default; "": no class (a volume made for
+    it)."""
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
-    # `pulumi destroy` leaves the claim uerl created, runs and all (the next `pulumi up`
-    # takes it back); false: destroy deletes it with every run on it.
+    """Only the Ray head mounts it (the driver runs there)."""
     keep_on_destroy: bool = True
+    """`pulumi destroy` leaves the claim uerl created, runs and all (the next `pulumi up` takes it
+    back); false: destroy deletes it with every run on it."""
 
     @model_validator(mode="after")
     def _keeps_only_its_own(self) -> RunsClaimSpec:
@@ -60,36 +60,36 @@ class RunsClaimSpec(Spec):
 class RunsS3Spec(Spec):
     """An S3-compatible bucket runs are stored in (`runs.store: s3`)."""
 
-    # The bucket; it must exist (a training refuses to start otherwise).
     bucket: BucketName
-    # Key prefix of every run: `s3://<bucket>/<prefix>/<run>/...`.
+    """The bucket; it must exist (a training refuses to start otherwise)."""
     prefix: KeyPrefix = "uerl-runs"
-    # The store's URL. None: AWS S3 in `region`.
+    """Key prefix of every run: `s3://<bucket>/<prefix>/<run>/...`."""
     endpoint: EndpointUrl | None = None
-    # The bucket's region (S3-compatible stores mostly ignore it).
+    """The store's URL. None: AWS S3 in `region`."""
     region: RegionName = "us-east-1"
-    # A Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, given to the head as
-    # those variables. None: the head's service account identity (IRSA, workload
-    # identity) or the node's grants access.
+    """The bucket's region (S3-compatible stores mostly ignore it)."""
     credentials_secret: SecretName | None = None
+    """A Secret holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, given to the head as those
+    variables. None: the head's service account identity (IRSA, workload identity) or the node's
+    grants access."""
 
 
 class RunsSpec(Spec):
     """Where a training's artefacts go (checkpoints, metrics, curves, events, logs, ONNX):
     durable storage outside the Ray head, so a run outlives its pods."""
 
-    # `claim`: a PersistentVolumeClaim mounted on the head; `s3`: an S3-compatible bucket.
     store: Literal["claim", "s3"] = "claim"
+    """`claim`: a PersistentVolumeClaim mounted on the head; `s3`: an S3-compatible bucket."""
     claim: RunsClaimSpec = RunsClaimSpec()
     s3: RunsS3Spec | None = None
-    # Checkpoints a run keeps: the newest this many, and also the one `latest` names and
-    # the best (highest episode return mean); older ones are deleted from the claim, the
-    # bucket and the head's staging as the run goes on. None: every one is kept.
     keep_checkpoints: int | None = Field(default=5, ge=1)
-    # Size limit of the Ray head's /tmp (an emptyDir: Ray's session files, and a run
-    # bound for a bucket is written there first), a Kubernetes quantity. Past it the
-    # kubelet evicts the head (a supervised run resumes on the next).
+    """Checkpoints a run keeps: the newest this many, and also the one `latest` names and the best
+    (highest episode return mean); older ones are deleted from the claim, the bucket and the
+    head's staging as the run goes on. None: every one is kept."""
     staging_size: Quantity = "10Gi"
+    """Size limit of the Ray head's /tmp (an emptyDir: Ray's session files, and a run bound for a
+    bucket is written there first), a Kubernetes quantity. Past it the kubelet evicts the head (a
+    supervised run resumes on the next)."""
 
     @model_validator(mode="after")
     def _store_is_described(self) -> RunsSpec:

@@ -37,11 +37,11 @@ class GameTLSSpec(Spec):
     cert-manager, or by `uerl tls-secret`) holds `ca.crt`, `tls.crt` and `tls.key`;
     the certificate names the hosts env runners dial (`uerl tls-secret` says which)."""
 
-    # The Secret's name (it holds ca.crt, tls.crt, tls.key).
     secret: SecretName
-    # Games accept only clients presenting a certificate the Secret's CA signed; env
-    # runners present the Secret's own certificate (it must allow client auth).
+    """The Secret's name (it holds ca.crt, tls.crt, tls.key)."""
     mutual: bool = False
+    """Games accept only clients presenting a certificate the Secret's CA signed; env runners
+    present the Secret's own certificate (it must allow client auth)."""
 
 
 SIMULATOR_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -71,57 +71,56 @@ class SimulatorSpec(PodSpec, SizedSpec):
     pod fields (`node_selector` ... `service_account`, `topology_spread_constraints`) are
     the networked games' pods'; a sidecar game runs in the workers' pod."""
 
-    # `unreal`: a packaged build on the shared volume; `mock`: `uerl mock-ue`, no volume.
     kind: Literal["unreal", "mock"] = "unreal"
-    # The game container's image. None: `ubuntu:22.04` (unreal), `uerl/mock-ue:0.1.0` (mock).
+    """`unreal`: a packaged build on the shared volume; `mock`: `uerl mock-ue`, no volume."""
     image: Image | None = None
-    # Path of the game launcher relative to `executables.mount_path`.
+    """The game container's image. None: `ubuntu:22.04` (unreal), `uerl/mock-ue:0.1.0` (mock)."""
     executable: Text = "Game.sh"
-    # The game's command and arguments; placeholders `{port}` (where it listens),
-    # `{host}` (127.0.0.1 or 0.0.0.0) and `{executable}`. None: the kind's default,
-    # unreal `["{executable}"]` with `["-ScholaPort={port}", "-nullrhi", "-unattended",
-    # "-nosplash", "-nosound"]`.
+    """Path of the game launcher relative to `executables.mount_path`."""
     command: list[Text] | None = None
-    # The game's arguments, with the same placeholders (see `command`).
+    """The game's command and arguments; placeholders `{port}` (where it listens), `{host}`
+    (127.0.0.1 or 0.0.0.0) and `{executable}`. None: the kind's default, unreal
+    `["{executable}"]` with `["-ScholaPort={port}", "-nullrhi", "-unattended", "-nosplash",
+    "-nosound"]`."""
     args: list[Text] | None = None
-    # The port env runners connect to (the endpoints' `port`).
+    """The game's arguments, with the same placeholders (see `command`)."""
     port: int = Field(default=50051, ge=1, le=65535)
-    # Where the build's gRPC server binds. `loopback`: Schola's default
-    # (RPCServerSettings.Address 127.0.0.1; -ScholaPort changes only the port).
-    # `all_interfaces`: a build packaged to bind 0.0.0.0.
+    """The port env runners connect to (the endpoints' `port`)."""
     listen: Literal["loopback", "all_interfaces"] = "loopback"
-    # Networked pattern with a loopback game: the game listens on 127.0.0.1 on
-    # this port and a forwarder in its pod serves `port` on the pod IP.
-    # None: `port` + 1 (`port` - 1 for 65535).
+    """Where the build's gRPC server binds. `loopback`: Schola's default (RPCServerSettings.Address
+    127.0.0.1; -ScholaPort changes only the port). `all_interfaces`: a build packaged to bind
+    0.0.0.0."""
     internal_port: int | None = Field(default=None, ge=1, le=65535)
-    # The image running that forwarder (its `python`, standard library only).
+    """Networked pattern with a loopback game: the game listens on 127.0.0.1 on this port and a
+    forwarder in its pod serves `port` on the pod IP. None: `port` + 1 (`port` - 1 for 65535)."""
     forwarder_image: Image = FORWARDER_IMAGE
-    # CPUs of the game container.
+    """The image running that forwarder (its `python`, standard library only)."""
     cpus: float = Field(default=2, gt=0, le=MAX_CPUS)
-    # Memory of the game container, a Kubernetes quantity.
+    """CPUs of the game container."""
     memory: Quantity = "4Gi"
-    # GPUs of the game container, asked for as `gpu_resource`.
+    """Memory of the game container, a Kubernetes quantity."""
     gpus: int = Field(default=0, ge=0, le=16)
-    # The extended resource the game's GPUs are, e.g. `amd.com/gpu`.
+    """GPUs of the game container, asked for as `gpu_resource`."""
     gpu_resource: GpuResource = GPU_RESOURCE
-    # How the networked games spread over nodes or zones: Kubernetes topology spread
-    # constraints, passed through; one without `labelSelector` selects the stack's games.
+    """The extended resource the game's GPUs are, e.g. `amd.com/gpu`."""
     topology_spread_constraints: list[SpreadConstraint] = []
-    # Extra environment of the game (an unreal game also gets HOME=/tmp).
+    """How the networked games spread over nodes or zones: Kubernetes topology spread constraints,
+    passed through; one without `labelSelector` selects the stack's games."""
     env: dict[Text, Text] = {}
-    # Time the game has to open its port before it is restarted (startup probe).
+    """Extra environment of the game (an unreal game also gets HOME=/tmp)."""
     startup_timeout_s: float = Field(default=120, gt=0, le=3600)
-    # How the kubelet checks the game: `tcp`, its port takes connections; `grpc`, its
-    # gRPC server answers (`schola-probe` in the game's container: the image
-    # docker/unreal-game.Dockerfile builds has it). Unreal games only.
+    """Time the game has to open its port before it is restarted (startup probe)."""
     probe: Literal["tcp", "grpc"] = "tcp"
-    # TLS to the games (off by default): served by the forwarder where there is one,
-    # else by the game itself (the mock game can; a stock Schola build cannot).
+    """How the kubelet checks the game: `tcp`, its port takes connections; `grpc`, its gRPC server
+    answers (`schola-probe` in the game's container: the image docker/unreal-game.Dockerfile
+    builds has it). Unreal games only."""
     tls: GameTLSSpec | None = None
-    # `dedicated`: a separate instance (ordinal 0) answers discovery (networked);
-    # `worker1`: discovery reuses instance 1 (a game serves one client at a time,
-    # and discovery closes its session before training starts).
+    """TLS to the games (off by default): served by the forwarder where there is one, else by the
+    game itself (the mock game can; a stock Schola build cannot)."""
     discovery: Literal["dedicated", "worker1"] = "dedicated"
+    """`dedicated`: a separate instance (ordinal 0) answers discovery (networked); `worker1`:
+    discovery reuses instance 1 (a game serves one client at a time, and discovery closes its
+    session before training starts)."""
 
     @classmethod
     def pod_field_names(cls) -> tuple[str, ...]:
@@ -213,28 +212,28 @@ class LoaderSpec(PodSpec):
 class ExecutablesSpec(Spec):
     """The shared volume holding the packaged game, mounted read-only into every UE container."""
 
-    # Use this PersistentVolumeClaim instead of creating one.
     existing_claim: ClaimName | None = None
-    # Size of the claim uerl creates, a Kubernetes quantity.
+    """Use this PersistentVolumeClaim instead of creating one."""
     size: Quantity = "20Gi"
-    # Storage class of that claim (it must provide the access mode). None: the
-    # cluster's default; "": no class (a volume made for it).
+    """Size of the claim uerl creates, a Kubernetes quantity."""
     storage_class: StorageClassName | None = None
-    # Every game pod mounts the volume at once, so one claim serves many nodes.
+    """Storage class of that claim (it must provide the access mode). None: the cluster's default;
+    "": no class (a volume made for it)."""
     access_mode: Literal["ReadWriteMany", "ReadOnlyMany"] = "ReadWriteMany"
-    # Where every UE container mounts the volume (read-only), absolute.
+    """Every game pod mounts the volume at once, so one claim serves many nodes."""
     mount_path: Text = Field(default="/opt/ue", pattern=r"^/\S*$")
-    # The build is in `simulator.image`, at `mount_path` (docker/unreal-game.Dockerfile
-    # puts it there): no volume, no loader Job; the fields above and below are unused.
+    """Where every UE container mounts the volume (read-only), absolute."""
     in_image: bool = False
-    # A build archive (.zip / .tar.gz) unpacked into the volume by a one-off Job.
+    """The build is in `simulator.image`, at `mount_path` (docker/unreal-game.Dockerfile puts it
+    there): no volume, no loader Job; the fields above and below are unused."""
     source_url: Text | None = Field(default=None, pattern=r"^(https?|s3|gs)://\S+$")
-    # Image of that Job and of the init containers waiting for it (needs sh,
-    # wget, tar, unzip: alpine has them; s3:// needs `aws`, gs:// `gsutil`).
+    """A build archive (.zip / .tar.gz) unpacked into the volume by a one-off Job."""
     loader_image: Image = "alpine:3.20"
-    # How long `pulumi up` waits for the loader Job. A claim the storage cannot
-    # provide (no ReadWriteMany) keeps the Job pending for all of it.
+    """Image of that Job and of the init containers waiting for it (needs sh, wget, tar, unzip:
+    alpine has them; s3:// needs `aws`, gs:// `gsutil`)."""
     loader_timeout_s: int = Field(default=3600, ge=60, le=86400)
+    """How long `pulumi up` waits for the loader Job. A claim the storage cannot provide (no
+    ReadWriteMany) keeps the Job pending for all of it."""
     loader: LoaderSpec = LoaderSpec()
 
     @model_validator(mode="after")

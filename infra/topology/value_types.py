@@ -72,9 +72,11 @@ Text = Annotated[str, BeforeValidator(_config_text)]
 
 
 class Spec(BaseModel):
-    """The base of every topology model: unknown keys refused, values frozen."""
+    """The base of every topology model: unknown keys refused, values frozen; each field's
+    docstring (the string under it) is its description, the one text the reference, the
+    component's schema and its SDKs show."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     @field_validator("*", mode="before")
     @classmethod
