@@ -14,7 +14,7 @@ import yaml
 from pulumi.provider.experimental.component import ComponentProvider
 from pulumi.provider.server import ProviderServicer
 
-from infra.components import topology_args
+from infra.components._generated import topology_args
 from infra.components.training_cluster import TYPE, TrainingCluster
 from infra.package import generate
 from infra.topology_reference import rows

@@ -20,7 +20,7 @@ import pulumi
 import yaml
 
 from infra import manifests
-from infra.components import topology_args
+from infra.components._generated import topology_args
 from infra.components.instances import UeGames
 from infra.components.k8s import ClusterAccess, kubeconfig_is_text, register, stack_provider
 from infra.components.metrics_component import StackMetrics, require_pod_monitor_crd
