@@ -304,6 +304,23 @@ def test_a_run_stopped_by_a_signal_while_its_head_stops_says_so(
     assert list(events.parse(capsys.readouterr().out)) == [{"event": "head_stopping"}]
 
 
+def test_a_run_that_fails_while_its_head_stops_says_its_head_stopped_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # CI, stop 70 (the bucket schedule's new image, under load): SIGTERM came with the
+    # head's stop, the final checkpoint failed (the learner's pod was going too), exit 1;
+    # the job ended STOPPED without the event and its supervisor took it for a person's
+    # stop: "STOPPED; done" at iteration 22 of 78.
+    import tempfile
+
+    from training.commands import train
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / events.HEAD_STOPPING_MARKER).touch()  # the preStop hook's
+    assert train.said_head_stopping(1)
+    assert list(events.parse(capsys.readouterr().out)) == [{"event": "head_stopping"}]
+
+
 def test_restarts_are_bounded() -> None:
     head = Head({f"uerl-r1-{n}": ["FAILED"] for n in range(1, 10)})
     sup, lines = supervisor(head, Clock(), max_restarts=3)

@@ -166,8 +166,10 @@ def _recorded_nothing(run_dir: Path) -> bool:
 
 
 def said_head_stopping(code: int) -> bool:
-    """A run stopped by a signal (130) while its head stops its jobs (its pod's preStop
-    hook marked it) says so as an event, for its supervisor (training.runstore.events)."""
+    """A run that did not end whole (stopped by the signal, 130, or failed in its final
+    checkpoint, 1: the head's stop takes the learners' pods too) while its head stops its
+    jobs (its pod's preStop hook marked it) says so as an event, for its supervisor
+    (training.runstore.events): the job ends STOPPED either way, and is no person's stop."""
     from training.runstore import events
 
     marker = Path(tempfile.gettempdir()) / events.HEAD_STOPPING_MARKER
@@ -175,7 +177,7 @@ def said_head_stopping(code: int) -> bool:
         recent = time.time() - marker.stat().st_mtime < JOB_STOP_GRACE_S + 60
     except OSError:
         recent = False
-    if code != 130 or not recent:
+    if code == exit_status.OK or not recent:
         return False
     print(events.line(events.HEAD_STOPPING), flush=True)
     return True
