@@ -1037,39 +1037,6 @@ JOB_LABELS = frozenset(
 )
 
 
-# Asked inside a head's own container, with its own token: a head pod on its way out has
-# no port-forward of its own.
-_JOBS_HERE = (
-    "import json, os, urllib.request\n"
-    "request = urllib.request.Request('http://127.0.0.1:8265/api/jobs/', headers={"
-    "'Authorization': 'Bearer ' + os.environ['RAY_AUTH_TOKEN']})\n"
-    "print(json.dumps(json.load(urllib.request.urlopen(request, timeout=5))))"
-)
-
-
-def _other_heads(cp: ControlPlane, forwarded: str) -> list[str]:
-    """The head pods running beside the one forwarded to, Terminating ones included."""
-    selector = f"ray.io/cluster={CLUSTER},ray.io/group=headgroup"
-    pods = cp.get_json("pods", "-n", NAMESPACE, "-l", selector)["items"]
-    return [
-        p["metadata"]["name"]
-        for p in pods
-        if p["metadata"]["name"] != forwarded and p.get("status", {}).get("phase") == "Running"
-    ]
-
-
-def _jobs_on(cp: ControlPlane, pod: str) -> list[dict[str, Any]] | None:
-    """The jobs a head pod's own job API lists; None when it does not answer (going)."""
-    done = cp.kubectl("exec", "-n", NAMESPACE, pod, "-c", "ray-head", "--", "python3", "-c",
-                      _JOBS_HERE, check=False, timeout_s=JOB_API_TIMEOUT_S + 10)  # fmt: skip
-    if done.returncode != 0:
-        return None
-    with contextlib.suppress(ValueError):
-        listed = json.loads(done.stdout)
-        return listed if isinstance(listed, list) else None
-    return None
-
-
 def _rotated_token(old: str) -> str:
     """A new token like the old one: as long, of the same characters (hex, or URL-safe
     base64, as the operator made it)."""
@@ -1209,14 +1176,6 @@ def _watch(
             headers[0] = token_client.headers(ray_token(cp))
             checker.counts["job API token taken again"] += 1
             listed = ask_jobs()
-        # A head that lingers (deleted gracefully: Terminating while its preStop stops its
-        # jobs) beside the new one is read too: a job of the run still running there holds
-        # the run as much as one on the new head.
-        for pod in _other_heads(cp, forward.pod):
-            lingering = _jobs_on(cp, pod)
-            if lingering is not None:
-                checker.counts["lingering head's job API answered"] += 1
-                listed = [*listed, *lingering]
         return [JobState(str(j.get("submission_id") or ""), str(j.get("status")),
                          j.get("metadata") or {}) for j in listed]  # fmt: skip
 
