@@ -112,7 +112,6 @@ STORE = "store-killed"
 NEW_IMAGE = "new-image"
 CONTENDER = "second-writer"
 TWIN = "supervisor-twin"
-TOKEN = "token-rotated"
 KINDS = {
     HEAD: "the Ray head pod force-deleted (--grace-period=0 --force)",
     HEAD_DURING_UPLOAD: "the store stopped once a checkpoint is stored, then the head pod "
@@ -126,12 +125,10 @@ KINDS = {
     CONTENDER: "a second `uerl train` of the run started on the head while it trains",
     TWIN: "a second supervisor of the run beside the Job's, kept running to the end (a "
     "replaced pod whose old one goes on: its node cut off, not down)",
-    TOKEN: "the stack's Ray token replaced in its Secret, then the head pod force-deleted: "
-    "the Ray pods take the new one as they start again, the supervisor from its mount",
 }
 # Faults that end the running attempt (its driver ran on the head, or its learner is
 # gone): the supervisor submits the next, which resumes from the stored run.
-ENDS_THE_ATTEMPT = frozenset({HEAD, HEAD_DURING_UPLOAD, LEARNER, NEW_IMAGE, TOKEN})
+ENDS_THE_ATTEMPT = frozenset({HEAD, HEAD_DURING_UPLOAD, LEARNER, NEW_IMAGE})
 
 # Ray's job statuses of a job that holds the run (the supervisor submits the next attempt
 # only once the last is over or gone).

@@ -24,13 +24,10 @@ import copy
 import json
 import os
 import re
-import secrets
 import signal
-import string
 import subprocess
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -51,7 +48,6 @@ from fault_schedule import (
     OPERATOR,
     STORE,
     SUPERVISOR,
-    TOKEN,
     TWIN,
     WORKER,
     Checker,
@@ -1037,14 +1033,6 @@ JOB_LABELS = frozenset(
 )
 
 
-def _rotated_token(old: str) -> str:
-    """A new token like the old one: as long, of the same characters (hex, or URL-safe
-    base64, as the operator made it)."""
-    if all(c in string.hexdigits for c in old):
-        return secrets.token_hex(len(old) // 2 + 1)[: len(old)]
-    return secrets.token_urlsafe(len(old))[: len(old)]
-
-
 def _api_access(volume: str) -> bool:
     return volume.startswith("kube-api-access-")
 
@@ -1162,27 +1150,15 @@ def _watch(
         lambda: [p["metadata"]["name"] for p in _supervisor_pods(cp, job)],
         lambda pod: _pod_log(cp, pod),
     )
-    # The cluster's token (it outlives its heads), read again when a head refuses it: the
-    # schedule may rotate it.
-    headers = [token_client.headers(ray_token(cp))]
+    headers = token_client.headers(ray_token(cp))  # the cluster's: it outlives its heads
 
     def read_jobs() -> list[JobState]:
         forward.ensure()  # no head: ControlPlaneError, a round without the job API
-        try:
-            listed = ask_jobs()
-        except urllib.error.HTTPError as refused:
-            if refused.code not in (401, 403):
-                raise
-            headers[0] = token_client.headers(ray_token(cp))
-            checker.counts["job API token taken again"] += 1
-            listed = ask_jobs()
+        request = urllib.request.Request(f"{forward.url}/api/jobs/", headers=headers)
+        with urllib.request.urlopen(request, timeout=JOB_API_TIMEOUT_S) as answer:
+            listed = json.load(answer)
         return [JobState(str(j.get("submission_id") or ""), str(j.get("status")),
                          j.get("metadata") or {}) for j in listed]  # fmt: skip
-
-    def ask_jobs() -> Any:
-        request = urllib.request.Request(f"{forward.url}/api/jobs/", headers=headers[0])
-        with urllib.request.urlopen(request, timeout=JOB_API_TIMEOUT_S) as answer:
-            return json.load(answer)
 
     checker = Checker(
         run,
@@ -1343,20 +1319,6 @@ def _strike(f: _Faults, index: int, fault: Fault) -> Struck:
                           "--run-name", f.run, "--resume", "auto", "--iterations", "1",
                           check=False, timeout_s=guard(300))  # fmt: skip
         f.evidence[CONTENDER] = f"exit {done.returncode}: {done.stdout}{done.stderr}".strip()
-        return hit
-    if fault.kind == TOKEN:
-        head = head_pod(cp)
-        rotated = _rotated_token(ray_token(cp))
-        patch = {"data": {"auth_token": base64.b64encode(rotated.encode()).decode()}}
-        cp.kubectl("patch", "secret", CLUSTER, "-n", NAMESPACE, "--type=merge",
-                   "-p", json.dumps(patch))  # fmt: skip
-        f.evidence[TOKEN] = rotated
-        hit = struck(head)
-        # As docs/kubernetes.md says to rotate: every Ray pod started again (each Ray
-        # container reads the token as it starts), the head at once as a lost node takes it.
-        _force_delete(cp, head)
-        cp.kubectl("delete", "pod", "-n", NAMESPACE, "-l", f"ray.io/cluster={CLUSTER}",
-                   "--wait=false")  # fmt: skip
         return hit
     if fault.kind == TWIN:
         twin = _twin_supervisor(cp, f.job)
@@ -1663,13 +1625,13 @@ def test_a_deleted_supervisor_pod_is_replaced_by_one_following_the_running_attem
 
 BUCKET = "runs"
 BUCKET_RUN = "bucket"
-# Room for its seven faults (about 72 iterations at 3 s each, more on a faster host):
+# Room for its six faults (about 62 iterations at 3 s each, more on a faster host):
 # iterations go on while the store is down and until the mirror stores again (about
 # 35 s), and while `pulumi up` runs before the pods go.
-BUCKET_ITERATIONS = 92
+BUCKET_ITERATIONS = 78
 # HEAD: a head lost with the store up, whatever the mirror is doing then (an upload on
 # its way is lost with it: the checker's bound on iterations redone is two intervals).
-BUCKET_FAULTS = (STORE, OPERATOR, HEAD, LEARNER, NEW_IMAGE, HEAD_DURING_UPLOAD, TOKEN)
+BUCKET_FAULTS = (STORE, OPERATOR, HEAD, LEARNER, NEW_IMAGE, HEAD_DURING_UPLOAD)
 RUN_KEYS = "run-keys"
 
 
@@ -1789,11 +1751,7 @@ def test_a_bucket_run_ends_succeeded_through_its_fault_schedule(bucket_run: Buck
         failed, lost = f"job uerl-{BUCKET_RUN}-{attempt - 1} FAILED", "the Ray head was lost"
         # A head replaced gracefully stops its job first (its preStop hook).
         stopped = f"job uerl-{BUCKET_RUN}-{attempt - 1} was stopped by its Ray head's own stop"
-        # A rotated token: the supervisor refused by the new head starts over once its
-        # mount has the new one, and finds the head without the run's job.
-        anew = "the Ray head has no job of the run (a new head)"
-        said = {LEARNER: (failed,), NEW_IMAGE: (lost, failed, stopped),
-                TOKEN: (lost, failed, anew)}.get(hit.kind, (lost,))  # fmt: skip
+        said = {LEARNER: (failed,), NEW_IMAGE: (lost, failed, stopped)}.get(hit.kind, (lost,))
         assert reason.startswith(said), (hit.describe(), reason)
     assert run.evidence["head images"] == run.hit(NEW_IMAGE).what
 
@@ -1849,19 +1807,6 @@ def test_the_store_killed_and_started_again_is_said_by_the_mirror_while_training
     assert back > stopped, after[:6000]
     # Iterations between the two: training went on while nothing could be stored.
     assert progress(after[stopped:back]), after[stopped:back]
-
-
-def test_a_rotated_token_is_the_new_heads_and_the_run_goes_on_with_it(
-    bucket_run: BucketRun, node_control_plane: ControlPlane
-) -> None:
-    # The supervisor reads its mounted Secret at each connection (issue 63, item 9); the
-    # run's next attempt ran on the pods started with the new token (the schedule's
-    # `over`), and the old token was refused by the new head (the checker took the new one).
-    run = bucket_run.run
-    assert ray_token(node_control_plane) == run.evidence[TOKEN]
-    assert run.counts.get("job API token taken again", 0) >= 1, run.counts
-    after = [e for e in events(run.log, "attempt") if e["attempt"] > run.hit(TOKEN).attempt]
-    assert after, run.log[-6000:]
 
 
 def test_a_wrong_bucket_and_wrong_keys_are_refused_at_start_naming_the_field(
