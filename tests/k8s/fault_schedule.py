@@ -111,7 +111,6 @@ OPERATOR = "operator-pod"
 STORE = "store-killed"
 NEW_IMAGE = "new-image"
 CONTENDER = "second-writer"
-TWIN = "supervisor-twin"
 KINDS = {
     HEAD: "the Ray head pod force-deleted (--grace-period=0 --force)",
     HEAD_DURING_UPLOAD: "the store stopped once a checkpoint is stored, then the head pod "
@@ -123,8 +122,6 @@ KINDS = {
     STORE: "the object store killed (SIGKILL), started again on its data 20 s later",
     NEW_IMAGE: "`pulumi up` with a new Ray image (every Ray pod recreated)",
     CONTENDER: "a second `uerl train` of the run started on the head while it trains",
-    TWIN: "a second supervisor of the run beside the Job's, kept running to the end (a "
-    "replaced pod whose old one goes on: its node cut off, not down)",
 }
 # Faults that end the running attempt (its driver ran on the head, or its learner is
 # gone): the supervisor submits the next, which resumes from the stored run.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import copy
 import json
 import os
 import re
@@ -48,7 +47,6 @@ from fault_schedule import (
     OPERATOR,
     STORE,
     SUPERVISOR,
-    TWIN,
     WORKER,
     Checker,
     Fault,
@@ -860,16 +858,15 @@ def test_ctrl_c_on_uerl_submit_stops_the_job_with_a_final_checkpoint(
 # UERL_FAULT_SEED=<seed> a failed schedule runs again in the same order.
 
 SUPERVISED_RUN = "supervised"
-# Room for its five faults: the first after 4-5 iterations (the return has moved by
+# Room for its three faults: the first after 4-5 iterations (the return has moved by
 # then), each next 1-2 iterations after the one before is over; the run trains on while
 # a replaced supervisor starts and follows (up to 6 iterations here) and while a deleted
 # worker pod drains, is replaced and samples twice (up to 12: its raylet samples on
 # through its grace period), and some after the last fault. 24 was too few for worker,
 # then head (a CI run: the worker's fault over at iteration 22 of 24); and a second
-# writer refused (an iteration or two: its `uerl train` starts, watches the lease renewed);
-# and a twin supervisor started (its pod Ready, then following: two or three).
-SUPERVISED_ITERATIONS = 40
-CLAIM_FAULTS = (HEAD, SUPERVISOR, WORKER, CONTENDER, TWIN)
+# writer refused (an iteration or two: its `uerl train` starts, watches the lease renewed).
+SUPERVISED_ITERATIONS = 36
+CLAIM_FAULTS = (HEAD, SUPERVISOR, WORKER, CONTENDER)
 CHECKPOINT_EVERY = 2  # both supervised runs' --checkpoint-every
 CHECK_EVERY_S = 3.0  # the checker's rounds
 # The store's outage: killed, then started again on its data this long after.
@@ -991,82 +988,6 @@ def _supervisor_pods(cp: ControlPlane, job: str) -> list[dict[str, Any]]:
 def _pod_log(cp: ControlPlane, pod: str) -> str | None:
     done = cp.kubectl("logs", "-n", NAMESPACE, pod, check=False, timeout_s=guard(120))
     return done.stdout if done.returncode == 0 else None
-
-
-def _twin_supervisor(cp: ControlPlane, job: str) -> str:
-    """A second supervisor of the run beside the Job's running pod: that pod's spec as a
-    pod of its own, which the Job does not own (no Job label), its supervision (the
-    Job's uid, from a label of the Job's pods) given as a value. So a replaced supervisor
-    whose old pod goes on (its node cut off from the API, not down) looks to the run."""
-    [pod] = [p for p in _supervisor_pods(cp, job) if running_and_ready(p)]
-    labels = pod["metadata"].get("labels") or {}
-    spec = copy.deepcopy(pod["spec"])
-    # The scheduler's and the admission's to set again, for this pod.
-    for set_for_the_pod in ("nodeName", "priority", "preemptionPolicy"):
-        spec.pop(set_for_the_pod, None)
-    # The service account token's volume is the API server's to add, for this pod.
-    spec["volumes"] = [v for v in spec.get("volumes", []) if not _api_access(v["name"])]
-    for container in spec["containers"]:
-        mounts = container.get("volumeMounts", [])
-        container["volumeMounts"] = [m for m in mounts if not _api_access(m["name"])]
-        container["env"] = [_label_resolved(e, labels) for e in container.get("env", [])]
-    name = f"{job}-twin"
-    # Its own labels kept (the head's NetworkPolicy admits the stack's supervisors by
-    # them), the Job's dropped: the Job's controller selects its pods by them.
-    kept = {k: v for k, v in labels.items() if k not in JOB_LABELS} | {"uerl-test": "twin"}
-    manifest = {"apiVersion": "v1", "kind": "Pod", "spec": spec,
-                "metadata": {"name": name, "namespace": NAMESPACE, "labels": kept}}  # fmt: skip
-    cp.kubectl("create", "-f", "-", input=json.dumps(manifest))
-    cp.wait_until(lambda: any(running_and_ready(p) for p in _pods_named(cp, name)), guard(300),
-                  f"the twin supervisor {name} Running and Ready", interval_s=1)  # fmt: skip
-    return name
-
-
-# The labels the Job's controller gives its pods and selects them by.
-JOB_LABELS = frozenset(
-    {
-        "job-name",
-        "controller-uid",
-        "batch.kubernetes.io/job-name",
-        "batch.kubernetes.io/controller-uid",
-    }
-)
-
-
-def _api_access(volume: str) -> bool:
-    return volume.startswith("kube-api-access-")
-
-
-def _label_resolved(env: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
-    """An env entry taken from one of the pod's labels, as the value it has."""
-    path = (env.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath", "")
-    match = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
-    return {"name": env["name"], "value": labels[match.group(1)]} if match else env
-
-
-def _pods_named(cp: ControlPlane, name: str) -> list[dict[str, Any]]:
-    return cp.get_json("pods", "-n", NAMESPACE, "--field-selector", f"metadata.name={name}")[
-        "items"
-    ]
-
-
-def _twin_ended(cp: ControlPlane, f: _Faults) -> None:
-    """The twin supervisor's end (its phase and its log's tail, in the run's evidence),
-    then the pod deleted."""
-    twin = f.evidence.get(TWIN)
-    if twin is None:
-        return
-    ended = ("Succeeded", "Failed")
-
-    def phase() -> str:
-        return str(next(iter(_pods_named(cp, twin)), {}).get("status", {}).get("phase"))
-
-    deadline = time.monotonic() + guard(300)  # the phase it shows then says it did not end
-    while phase() not in ended and time.monotonic() < deadline:
-        time.sleep(2)
-    f.evidence["twin phase"] = phase()
-    f.evidence["twin log"] = _pod_log(cp, twin) or ""
-    cp.kubectl("delete", "pod", "-n", NAMESPACE, twin, "--wait=false", check=False)
 
 
 def _operator_pods(cp: ControlPlane) -> list[dict[str, Any]]:
@@ -1320,10 +1241,6 @@ def _strike(f: _Faults, index: int, fault: Fault) -> Struck:
                           check=False, timeout_s=guard(300))  # fmt: skip
         f.evidence[CONTENDER] = f"exit {done.returncode}: {done.stdout}{done.stderr}".strip()
         return hit
-    if fault.kind == TWIN:
-        twin = _twin_supervisor(cp, f.job)
-        f.evidence[TWIN] = twin
-        return struck(twin)
     if fault.kind == NEW_IMAGE:
         assert f.node is not None and f.project is not None
         # KubeRay recreates every Ray pod (upgradeStrategy Recreate), the head with them.
@@ -1438,8 +1355,6 @@ def _over(f: _Faults, hit: Struck, before: LogView) -> bool:
         return not any(pause.is_alive() for pause in f.pauses)
     if hit.kind == WORKER:
         return _worker_replaced_and_sampling(f, view)
-    if hit.kind == TWIN:  # the twin follows the attempt running, as the Job's pod does
-        return any(e.get("following") for e in events(_pod_log(cp, hit.what) or "", "attempt"))
     return True
 
 
@@ -1488,7 +1403,7 @@ def supervised_run(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> FaultRun:
     """A supervised training on the claim under its schedule (its head, the supervisor's
-    pod, a worker pod, a second writer, a twin supervisor), to its end, then pulled."""
+    pod, a worker pod), to its end, then pulled."""
     cp = node_control_plane
     kube = ("--endpoints", str(submit_endpoints), "--kubeconfig", str(cp.kubeconfig))
     schedule = make_schedule(fault_seed, CLAIM_FAULTS, first=(4, 5), gap=(1, 2),
@@ -1504,7 +1419,6 @@ def supervised_run(
         f.run_dir = run_dir
         f.changes = lambda on_change: claim_changes(run_dir, on_change)
         run = _through(f, SUPERVISED_ITERATIONS)
-        _twin_ended(cp, f)
     _checkpoint_figures(figures, "supervised (claim)", run.log)
     figures["supervised: head deleted -> next iteration, s"] = run.over_s[run.hit(HEAD).index]
     pulled = tmp_path_factory.mktemp("supervised")
@@ -1596,19 +1510,6 @@ def test_a_second_writer_of_the_claim_run_is_refused_naming_the_holder(
     # consecutive, every iteration once.
     assert said.startswith("exit 1: ") and "the run is being written by writer " in said, said
     assert "Traceback" not in said, said
-
-
-def test_a_second_supervisor_of_the_run_follows_it_and_ends_with_it(
-    supervised_run: FaultRun,
-) -> None:
-    # Two supervisors at once (issue 63): the twin, started from the Job's pod, follows the
-    # attempt running and, whatever it met, submits no attempt of its own the other did
-    # not (the checker's one job, consecutive attempts); the run's end is its end too.
-    evidence = supervised_run.evidence
-    log = evidence["twin log"]
-    assert evidence["twin phase"] == "Succeeded", log[-6000:]
-    assert any(e.get("following") for e in events(log, "attempt")), log[-6000:]
-    assert "SUCCEEDED; done" in log or "already ended SUCCEEDED" in log, log[-6000:]
 
 
 def test_a_deleted_supervisor_pod_is_replaced_by_one_following_the_running_attempt(
